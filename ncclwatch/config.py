@@ -1,0 +1,254 @@
+"""One configuration for every command: a TOML file plus environment overrides.
+
+``load(path)`` reads the file once in the driver and returns a frozen :class:`Config`;
+each component receives only its own section. Unknown keys are errors, not silently
+ignored, and so are environment values of the wrong type. Every field can be overridden
+by ``NCCLWATCH_<SECTION>_<FIELD>`` (upper case), e.g. ``NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS``.
+Secrets (SASL password, TLS key password) never appear in ``repr`` or logs.
+
+>>> cfg = load(None, environ={"NCCLWATCH_DETECTOR_THRESHOLD": "0.2"})
+>>> cfg.detector.threshold, cfg.topics.ops
+(0.2, 'nccl.ops')
+>>> "hunter2" in repr(load(None, environ={"NCCLWATCH_KAFKA_SASL_PLAIN_PASSWORD": "hunter2"}))
+False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+DEFAULT_PATH_ENV = "NCCLWATCH_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration file or environment value that cannot be used."""
+
+
+def _secret():
+    return field(default="", repr=False, metadata={"secret": True})
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach Kafka. kafka-python names, so they pass straight through."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_password: str = _secret()
+    sasl_mechanism: str = ""  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    sasl_plain_username: str = ""
+    sasl_plain_password: str = _secret()
+    client_id: str = "ncclwatch"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python clients; empty settings are left out."""
+        out: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+        }
+        for name in (
+            "ssl_cafile",
+            "ssl_certfile",
+            "ssl_keyfile",
+            "ssl_password",
+            "sasl_mechanism",
+            "sasl_plain_username",
+            "sasl_plain_password",
+        ):
+            value = getattr(self, name)
+            if value:
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    """Kafka topic names and layout."""
+
+    ops: str = "nccl.ops"
+    windows: str = "nccl.windows"
+    throughput: str = "job.throughput"
+    anomalies: str = "nccl.anomalies"
+    quarantine: str = "ncclwatch.quarantine"
+    dead_letter: str = "ncclwatch.deadletter"
+    partitions: int = 4
+    replication_factor: int = 1
+    retention_ms: int = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """The per-node forwarder."""
+
+    spool_dir: str = "/var/spool/ncclwatch"
+    state_dir: str = "/var/lib/ncclwatch"
+    window_s: float = 1.0
+    batch_size: int = 2000
+    linger_ms: int = 20
+    compression: str = "gzip"  # none, gzip, lz4, zstd, snappy (what kafka-python can do here)
+    buffer_max_bytes: int = 256 * 1024 * 1024
+    inspector_dirs: str = ""  # comma-separated NCCL Inspector output dirs to tail
+    training_log: str = ""  # a training log to parse throughput from
+    throughput_regex: str = r"throughput per GPU \(TFLOP/s/GPU\):\s*(?P<tflops>[0-9.]+)"
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int = 9465
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Baselines and the sustained-degradation rule."""
+
+    threshold: float = 0.10  # relative busbw loss that counts as degraded
+    sustain_windows: int = 3  # consecutive degraded windows before an anomaly fires
+    recover_windows: int = 3  # consecutive healthy windows before it resolves
+    recover_threshold: float = 0.05  # hysteresis: healthy means loss below this
+    warmup_windows: int = 10
+    throughput_drop: float = 0.05  # job throughput loss that raises severity
+    straggler_score: float = 0.2
+    telemetry_timeout_s: float = 10.0
+    model_path: str = ""  # scikit-learn cold-start model from `ncclwatch fit`
+    state_path: str = ""  # where `ncclwatch watch` persists baselines
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int = 9466
+    max_metric_keys: int = 2000  # bound on per-key metric series
+
+
+@dataclass(frozen=True)
+class AlertingConfig:
+    """Where anomaly events become alerts."""
+
+    alertmanager_url: str = ""  # empty: print alerts instead of sending them
+    resend_interval_s: float = 60.0
+    grafana_url: str = "http://127.0.0.1:3000"
+    runbook_base_url: str = "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks"
+    alert_labels: str = ""  # extra static labels, "k=v,k2=v2"
+
+
+@dataclass(frozen=True)
+class Config:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
+
+
+def _coerce(section: str, name: str, typ: type, value: Any, origin: str) -> Any:
+    where = f"{origin}: {section}.{name}"
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
+            return value.lower() in ("1", "true", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{where}: expected a string, got {value!r}")
+
+
+def _section(cls: type, name: str, table: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(unknown)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        env_name = f"NCCLWATCH_{name.upper()}_{f.name.upper()}"
+        if env_name in environ:
+            values[f.name] = _coerce(name, f.name, hints[f.name], environ[env_name], env_name)
+        elif f.name in table:
+            values[f.name] = _coerce(name, f.name, hints[f.name], table[f.name], "config file")
+    return cls(**values)
+
+
+def load(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the configuration: defaults, then the TOML file, then the environment.
+
+    ``path=None`` uses ``$NCCLWATCH_CONFIG`` if set, else defaults only.
+    """
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(DEFAULT_PATH_ENV):
+        path = environ[DEFAULT_PATH_ENV]
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    hints = get_type_hints(Config)
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)}")
+    for name, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{name}] must be a table")
+    return Config(**{name: _section(hints[name], name, data.get(name, {}), environ) for name in sections})
+
+
+def example() -> str:
+    """The default configuration as a commented TOML document (`ncclwatch config example`)."""
+    lines = [
+        "# ncclwatch configuration. Every key can be overridden by the environment:",
+        "# NCCLWATCH_<SECTION>_<KEY>, e.g. NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS=broker:9092",
+    ]
+    for sect in dataclasses.fields(Config):
+        cls = get_type_hints(Config)[sect.name]
+        lines += ["", f"[{sect.name}]"]
+        doc = (cls.__doc__ or "").strip()
+        if doc:
+            lines.append(f"# {doc}")
+        default = cls()
+        for f in dataclasses.fields(cls):
+            value = getattr(default, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                text = repr(value)
+            else:
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            lines.append(f"{f.name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def redacted(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The configuration as plain dicts with secrets replaced, safe to log."""
+    out: dict[str, dict[str, Any]] = {}
+    for sect in dataclasses.fields(cfg):
+        obj = getattr(cfg, sect.name)
+        out[sect.name] = {
+            f.name: ("***" if f.metadata.get("secret") and getattr(obj, f.name) else getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+        }
+    return out
