@@ -1,0 +1,160 @@
+"""The training-process side of throughput: one JSON line appended to the node's spool.
+
+``report_throughput`` runs inside the training loop, so it does as little as possible:
+no Kafka client, no threads, no buffering. It appends one ``throughput`` record to
+``$NCCLWATCH_SPOOL_DIR/<job>/<host>-throughput-<pid>.000000.jsonl`` with a single
+``write()`` on an ``O_APPEND`` descriptor, so a concurrent reader sees either the whole
+line or nothing of it (the forwarder never takes a line without its ``\\n``). I/O errors
+are counted and warned about once; they never raise into the training loop.
+
+>>> import tempfile, pathlib
+>>> d = tempfile.mkdtemp()
+>>> report_throughput(310.2, 7, rank=0, spool_dir=d, job="job 1")
+>>> [p.name.split("-throughput-")[1].split(".", 1)[1] for p in pathlib.Path(d, "job%201").iterdir()]
+['000000.jsonl']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import warnings
+
+from ncclwatch.records import ThroughputRecord, to_json
+from ncclwatch.rules import safe_filename
+
+DEFAULT_SPOOL_DIR = "/tmp/ncclwatch-spool"
+log = logging.getLogger(__name__)
+
+# How many reports could not be written; exposed for tests and for callers who care.
+errors_total = 0
+_warned = False
+# Open descriptors by path: reopening per step would cost a syscall pair per call and
+# the file name depends only on (spool dir, job, host, pid), which rarely changes.
+_fds: dict[str, int] = {}
+_lock = threading.Lock()  # several threads of one process may report; open once
+
+
+def job_id(environ: os._Environ | dict | None = None) -> str:
+    """The job id as the plugin derives it.
+
+    >>> job_id({"SLURM_JOB_ID": "42"}), job_id({})
+    ('42', 'unknown')
+    """
+    env = os.environ if environ is None else environ
+    for name in ("NCCLWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = env.get(name)
+        if value:
+            return value
+    return "unknown"
+
+
+def spool_path(spool_dir: str, job: str, host: str, pid: int) -> str:
+    """Where one process's throughput records go.
+
+    >>> spool_path("/s", "j/1", "h", 9)
+    '/s/j%2F1/h-throughput-9.000000.jsonl'
+    """
+    return os.path.join(
+        spool_dir, safe_filename(job), f"{safe_filename(host)}-throughput-{pid}.000000.jsonl"
+    )
+
+
+def _open(path: str) -> int:
+    fd = _fds.get(path)
+    if fd is None:
+        with _lock:
+            fd = _fds.get(path)
+            if fd is None:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                fd = os.open(path, flags, 0o644)
+                _fds[path] = fd
+    return fd
+
+
+def _close(path: str) -> None:
+    with _lock:
+        fd = _fds.pop(path, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _fail(err: BaseException) -> None:
+    global errors_total, _warned
+    errors_total += 1
+    if not _warned:
+        _warned = True
+        msg = (
+            f"ncclwatch: could not write a throughput record ({err}); "
+            "further errors are only counted"
+        )
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        log.warning(msg)
+
+
+def report_throughput(
+    tflops_per_gpu: float,
+    step: int,
+    *,
+    tokens_per_s: float | None = None,
+    rank: int | None = None,
+    spool_dir: str | None = None,
+    job: str | None = None,
+) -> None:
+    """Append one throughput record for ``step`` to this node's spool.
+
+    ``rank`` defaults to ``$RANK`` (``-1`` when unset, meaning a job-level report), the
+    spool to ``$NCCLWATCH_SPOOL_DIR`` (else ``/tmp/ncclwatch-spool``, like the plugin),
+    ``job`` to the plugin's job id. Values that break the contract (negative or
+    non-finite TFLOP/s, negative step) are programmer errors and raise ``ValueError``;
+    failing disks do not raise.
+    """
+    tflops = float(tflops_per_gpu)
+    if not math.isfinite(tflops) or tflops < 0:
+        raise ValueError(f"tflops_per_gpu must be finite and >= 0, got {tflops_per_gpu!r}")
+    if int(step) != step or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    tokens = None
+    if tokens_per_s is not None:
+        tokens = float(tokens_per_s)
+        if not math.isfinite(tokens) or tokens < 0:
+            raise ValueError(f"tokens_per_s must be finite and >= 0, got {tokens_per_s!r}")
+    if rank is None:
+        try:
+            rank = int(os.environ.get("RANK", "-1"))
+        except ValueError:
+            rank = -1
+    host = socket.gethostname()
+    record = ThroughputRecord(
+        job=job if job is not None else job_id(),
+        host=host,
+        rank=int(rank),
+        ts_ns=time.time_ns(),
+        step=int(step),
+        tflops_per_gpu=tflops,
+        tokens_per_s=tokens,
+        source="api",
+    )
+    data = (to_json(record) + "\n").encode("utf-8")
+    spool = spool_dir or os.environ.get("NCCLWATCH_SPOOL_DIR") or DEFAULT_SPOOL_DIR
+    path = spool_path(spool, record.job, host, os.getpid())
+    try:
+        fd = _open(path)
+        written = os.write(fd, data)
+        if written != len(data):
+            # A short write on a regular file means the disk is full. End the partial
+            # line so the next report starts on a line of its own (the fragment is
+            # quarantined by the forwarder instead of corrupting the next record).
+            with contextlib.suppress(OSError):
+                os.write(fd, b"\n")
+            raise OSError(f"short write: {written} of {len(data)} bytes")
+    except OSError as e:
+        _close(path)
+        _fail(e)
