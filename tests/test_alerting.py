@@ -1,0 +1,486 @@
+"""The alerting sink without external services: a real HTTP server on 127.0.0.1:0 stands
+in for Alertmanager's API, a fake clock drives re-sends and backoff. The real
+Alertmanager and Prometheus are exercised in test_alerting_services.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from ncclwatch.alerting import alerts
+from ncclwatch.alerting.alertmanager import AlertmanagerClient
+from ncclwatch.alerting.outbox import JOURNAL_NAME, Outbox
+from ncclwatch.alerting.sink import AlertSink
+
+from ncclwatch import cli
+from ncclwatch.records import ANOMALY_TYPES, AnomalyEvent, from_json, to_dict
+
+ALERTING = Path(__file__).resolve().parent.parent / "alerting"
+T0_NS = 1_763_000_000_000_000_000  # 2025-11-13, a fixed stream time
+
+
+def event(**over) -> AnomalyEvent:
+    base = dict(
+        id="an-1", type="collective_degraded", state="firing", job="llm-70b",
+        key={"comm": "0x00000000000000ab", "comm_name": "dp", "op": "AllReduce",
+             "size_bucket": "64MiB", "transport": "net"},
+        host="node-3", rank=None, start_ns=T0_NS, end_ns=None, detected_ns=T0_NS + 3 * 10**9,
+        baseline_busbw_gbs=40.0, observed_busbw_gbs=30.0, effect=0.25, attribution="unknown",
+        throughput_delta=-0.13, severity="warning", evidence={"windows": 3},
+    )
+    base.update(over)
+    # through the contract, so an event the schema rejects cannot sneak into a test
+    return from_json({"v": 1, "kind": "anomaly", **base})
+
+
+def resolved(ev: AnomalyEvent, end_ns: int) -> AnomalyEvent:
+    return from_json({**to_dict(ev), "state": "resolved", "end_ns": end_ns})
+
+
+class FakeAlertmanager:
+    """A real HTTP server that records what is POSTed to /api/v2/alerts."""
+
+    def __init__(self):
+        self.posts: list[list[dict]] = []
+        self.status = 200
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/api/v2/alerts" and outer.status == 200:
+                    outer.posts.append(json.loads(body))
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def do_GET(self):
+                data = json.dumps([{"labels": a["labels"], "receivers": [{"name": "ticket"}]}
+                                   for batch in outer.posts for a in batch]).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def alerts(self) -> list[dict]:
+        return [a for batch in self.posts for a in batch]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def am():
+    server = FakeAlertmanager()
+    yield server
+    server.close()
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_sink(url: str, clock: Clock, state_dir=None, **kw) -> AlertSink:
+    client = AlertmanagerClient(url, clock=clock, timeout_s=2, backoff_initial_s=1,
+                                backoff_max_s=8)
+    return AlertSink(client=client, resend_interval_s=60, state_dir=state_dir, clock=clock,
+                     now_ns=lambda: T0_NS + int(clock.t * 1e9), **kw)
+
+
+def ts(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e9)
+
+
+# --- mapping ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("typ", ANOMALY_TYPES)
+def test_every_anomaly_type_has_an_alert_name_and_a_runbook(typ):
+    name = alerts.ALERT_NAMES[typ]
+    a = alerts.alert_from_event(event(type=typ), alerts.AlertLinks())
+    assert a["labels"]["alertname"] == name
+    assert a["annotations"]["runbook_url"].endswith(f"/docs/runbooks/{name}.md")
+    assert (ALERTING.parent / "docs" / "runbooks" / f"{name}.md").is_file()
+
+
+def test_alert_labels_identify_the_anomaly_and_leave_out_what_it_spans():
+    ev = event(key={"comm": None, "comm_name": None, "op": "AllGather", "size_bucket": None,
+                    "transport": None}, host=None, rank=7)
+    a = alerts.alert_from_event(ev, alerts.AlertLinks(), {"cluster": "eu-1"})
+    assert a["labels"] == {
+        "cluster": "eu-1", "alertname": "NcclCollectiveDegraded", "job": "llm-70b",
+        "severity": "warning", "anomaly_id": "an-1", "source": "ncclwatch",
+        "op": "AllGather", "rank": "7",
+    }
+
+
+def test_annotations_carry_baseline_observed_effect_since_and_throughput():
+    a = alerts.alert_from_event(event(), alerts.AlertLinks())
+    ann = a["annotations"]
+    assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
+    assert "Degraded since 2025-11-13T" in ann["description"]
+    assert "-13.0%" in ann["description"] and "-13.0%" in ann["summary"]
+    assert ann["baseline_busbw_gbs"] == "40.000" and ann["observed_busbw_gbs"] == "30.000"
+    assert json.loads(ann["evidence"]) == {"windows": 3}
+    assert a["startsAt"] == alerts.iso(T0_NS)
+
+
+@pytest.mark.parametrize(
+    "typ,uid",
+    [("network_path", "ncclwatch-comm"), ("straggler", "ncclwatch-comm"),
+     ("throughput_drop", "ncclwatch-job"), ("telemetry_loss", "ncclwatch-pipeline")],
+)
+def test_dashboard_link_opens_the_right_dashboard_from_15_min_before_start(typ, uid):
+    links = alerts.AlertLinks(grafana_url="https://grafana.example.com/")
+    url = urlparse(alerts.alert_from_event(event(type=typ), links)["annotations"]["dashboard_url"])
+    q = {k: v[0] for k, v in parse_qs(url.query).items()}
+    assert url.netloc == "grafana.example.com" and url.path == f"/d/{uid}"
+    assert q["var-job"] == "llm-70b"
+    assert int(q["from"]) == (T0_NS - 15 * 60 * 10**9) // 10**6
+    assert q["to"] == "now"
+    if uid == "ncclwatch-comm":
+        assert (q["var-comm"], q["var-op"], q["var-transport"]) == (
+            "0x00000000000000ab", "AllReduce", "net")
+
+
+def test_dashboard_link_of_a_resolved_anomaly_ends_at_its_end():
+    a = alerts.alert_from_event(resolved(event(), T0_NS + 60 * 10**9), alerts.AlertLinks())
+    q = parse_qs(urlparse(a["generatorURL"]).query)
+    assert q["to"] == [str((T0_NS + 60 * 10**9) // 10**6)]
+
+
+def test_static_labels_may_not_override_the_scheme():
+    with pytest.raises(ValueError, match="job"):
+        alerts.parse_static_labels("job=x")
+    with pytest.raises(ValueError, match="not name=value"):
+        alerts.parse_static_labels("bad-name=1")
+
+
+# --- client -------------------------------------------------------------------------------
+
+
+def test_client_posts_a_json_list_to_the_v2_api(am):
+    AlertmanagerClient(am.url + "/").post_alerts([{"labels": {"alertname": "X"}}])
+    assert am.posts == [[{"labels": {"alertname": "X"}}]]
+
+
+def test_client_backs_off_exponentially_and_resets_after_success(am):
+    clock = Clock()
+    client = AlertmanagerClient(am.url, clock=clock, backoff_initial_s=1, backoff_max_s=4)
+    am.status = 503
+    delays = []
+    for _ in range(4):
+        assert not client.try_post([{"labels": {}}])
+        delays.append(client.retry_in_s())
+        assert not client.try_post([{"labels": {}}])  # inside the backoff: not even tried
+        clock.t += delays[-1]
+    assert delays == [1, 2, 4, 4]
+    am.status = 200
+    assert client.try_post([{"labels": {}}]) and client.retry_in_s() == 0 and client.failures == 0
+
+
+# --- sink ---------------------------------------------------------------------------------
+
+
+def test_firing_alert_is_resent_every_resend_interval_with_ends_at_moving_ahead(am):
+    clock = Clock()
+    sink = make_sink(am.url, clock)
+    sink.handle(event())
+    assert len(am.alerts) == 1
+    first = am.alerts[0]
+    assert ts(first["endsAt"]) - ts(first["startsAt"]) > 4 * 60 * 10**9 - 10**9
+    clock.t += 59
+    sink.tick()
+    assert len(am.alerts) == 1  # not due yet
+    clock.t += 1
+    sink.tick()
+    assert len(am.alerts) == 2
+    assert ts(am.alerts[1]["endsAt"]) - ts(first["endsAt"]) == 60 * 10**9
+    assert am.alerts[1]["labels"] == first["labels"]
+
+
+def test_resolution_is_sent_with_ends_at_and_then_forgotten(am):
+    clock = Clock()
+    sink = make_sink(am.url, clock)
+    ev = event()
+    sink.handle(ev)
+    sink.handle(resolved(ev, T0_NS + 90 * 10**9))
+    assert am.alerts[-1]["endsAt"] == alerts.iso(T0_NS + 90 * 10**9)
+    assert am.alerts[-1]["labels"] == am.alerts[0]["labels"]
+    assert sink.stats()["outbox"] == 0
+    clock.t += 600
+    sink.tick()
+    assert len(am.alerts) == 2  # nothing re-sent after the resolution
+
+
+def test_alerts_raised_while_alertmanager_is_down_are_delivered_when_it_returns(am):
+    clock = Clock()
+    sink = make_sink(refused_url(), clock)
+    ev = event()
+    sink.handle(ev)
+    sink.handle(event(id="an-2", type="network_path"))
+    sink.handle(resolved(ev, T0_NS + 10**9))
+    assert sink.pending() == 2 and sink.stats()["post_failures"] == 1  # backoff held the rest
+    for _ in range(5):
+        clock.t += 10
+        sink.tick()
+    sink.client.url = am.url  # Alertmanager is back
+    clock.t += 10
+    sink.tick()
+    assert sink.pending() == 0
+    got = {(a["labels"]["anomaly_id"], a["endsAt"] <= alerts.iso(T0_NS + 10**9)) for a in am.alerts}
+    assert got == {("an-1", True), ("an-2", False)}  # an-1 resolved, an-2 firing
+
+
+def test_pending_resolution_survives_a_restart(am, tmp_path):
+    clock = Clock()
+    down = refused_url()
+    ev = event()
+    sink = make_sink(am.url, clock, state_dir=tmp_path)
+    sink.handle(ev)
+    sink.handle(event(id="an-2", severity="critical"))
+    sink.client.url = down
+    sink.handle(resolved(ev, T0_NS + 10**9))
+    del sink  # the process dies without close()
+    restarted = make_sink(am.url, clock, state_dir=tmp_path)
+    assert restarted.pending() == 2  # an-1's resolution and an-2 (re-sent after restart)
+    restarted.tick()
+    last = {a["labels"]["anomaly_id"]: a for a in am.alerts}
+    assert last["an-1"]["endsAt"] == alerts.iso(T0_NS + 10**9)
+    assert ts(last["an-2"]["endsAt"]) > T0_NS + int(clock.t * 1e9)
+    assert restarted.pending() == 0 and restarted.active() == 1
+
+
+def test_changed_severity_resolves_the_old_alert_instead_of_leaving_it_firing(am):
+    clock = Clock()
+    sink = make_sink(am.url, clock)
+    sink.handle(event(severity="warning"))
+    sink.handle(event(severity="critical"))
+    by_severity = {a["labels"]["severity"]: a for a in am.alerts[1:]}
+    assert ts(by_severity["warning"]["endsAt"]) <= T0_NS + int(clock.t * 1e9)
+    assert ts(by_severity["critical"]["endsAt"]) > T0_NS + int(clock.t * 1e9)
+    assert sink.active() == 1
+
+
+def test_print_mode_prints_one_readable_line_per_change():
+    out = io.StringIO()
+    sink = AlertSink(client=None, out=out)
+    ev = event(type="network_path", severity="critical")
+    sink.handle(ev)
+    sink.tick()
+    sink.handle(resolved(ev, T0_NS + 10**9))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("ALERT firing critical NcclNetworkPathDegraded job=llm-70b")
+    assert "bus bandwidth down 25%" in lines[0]
+    assert lines[1].startswith("ALERT resolved critical NcclNetworkPathDegraded")
+
+
+def test_from_config_without_url_prints_and_with_url_sends(am):
+    from ncclwatch.config import load
+
+    cfg = load(None, environ={"NCCLWATCH_ALERTING_ALERT_LABELS": "cluster=eu-1"})
+    assert AlertSink.from_config(cfg.alerting).client is None
+    cfg = load(None, environ={"NCCLWATCH_ALERTING_ALERTMANAGER_URL": am.url,
+                              "NCCLWATCH_ALERTING_ALERT_LABELS": "cluster=eu-1"})
+    sink = AlertSink.from_config(cfg.alerting)
+    sink.handle(event())
+    assert am.alerts[0]["labels"]["cluster"] == "eu-1"
+    assert "var-cluster=eu-1" in am.alerts[0]["generatorURL"]
+
+
+# --- outbox -------------------------------------------------------------------------------
+
+
+def test_full_outbox_evicts_the_oldest_resolution_then_refuses_new_alerts(tmp_path):
+    ob = Outbox(tmp_path / JOURNAL_NAME, max_entries=3)
+    assert ob.put("f1", {"labels": {}}, "firing")
+    assert ob.put("r1", {"labels": {}}, "resolved", 1)
+    assert ob.put("r2", {"labels": {}}, "resolved", 2)
+    assert ob.put("f2", {"labels": {}}, "firing")  # evicts r1, the oldest resolution
+    assert ob.put("r2", {"labels": {}}, "resolved", 3)  # an update is never refused
+    assert ob.put("f3", {"labels": {}}, "firing")  # evicts r2
+    assert not ob.put("f4", {"labels": {}}, "firing")
+    assert (ob.evicted, ob.refused) == (2, 1)
+    ob.close()
+    assert [e.key for e in Outbox(tmp_path / JOURNAL_NAME).entries()] == ["f1", "f2", "f3"]
+
+
+def test_truncated_last_journal_line_is_skipped_not_fatal(tmp_path):
+    ob = Outbox(tmp_path / JOURNAL_NAME)
+    ob.put("a", {"labels": {"x": "1"}}, "firing")
+    ob.put("b", {"labels": {}}, "resolved", 5)
+    ob.close()
+    with open(tmp_path / JOURNAL_NAME, "a") as f:
+        f.write('{"op":"done","key":"a"')  # crash mid-write
+    again = Outbox(tmp_path / JOURNAL_NAME)
+    assert [(e.key, e.state) for e in again.entries()] == [("a", "firing"), ("b", "resolved")]
+
+
+def test_journal_is_compacted_so_it_stays_bounded(tmp_path):
+    ob = Outbox(tmp_path / JOURNAL_NAME)
+    for i in range(1000):
+        ob.put(f"k{i}", {"labels": {}}, "resolved", i)
+        ob.remove(f"k{i}")
+    ob.put("live", {"labels": {}}, "firing")
+    lines = (tmp_path / JOURNAL_NAME).read_text().splitlines()
+    assert len(lines) < 200
+    ob.close()
+    assert [e.key for e in Outbox(tmp_path / JOURNAL_NAME).entries()] == ["live"]
+
+
+# --- ncclwatch alert-test -----------------------------------------------------------------
+
+
+def test_alert_test_exits_nonzero_with_a_clear_message_when_alertmanager_is_down(capsys):
+    url = refused_url()
+    rc = cli.main(["alert-test", "--url", url, "--duration", "0"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"Alertmanager at {url} is not reachable" in err and "nothing was sent" in err
+
+
+def test_alert_test_without_a_url_says_how_to_configure_one(capsys, monkeypatch):
+    monkeypatch.delenv("NCCLWATCH_ALERTING_ALERTMANAGER_URL", raising=False)
+    monkeypatch.delenv("NCCLWATCH_CONFIG", raising=False)
+    assert cli.main(["alert-test"]) == 2
+    assert "alertmanager_url" in capsys.readouterr().err
+
+
+def test_alert_test_sends_a_labelled_test_alert_and_resolves_it(am, capsys):
+    rc = cli.main(["alert-test", "--url", am.url, "--duration", "0", "--severity", "critical"])
+    assert rc == 0, capsys.readouterr().err
+    firing, resolution = am.alerts
+    assert firing["labels"]["alertname"] == "NcclwatchTestAlert"
+    assert firing["labels"]["test"] == "true" and firing["labels"]["severity"] == "critical"
+    assert resolution["labels"] == firing["labels"]
+    assert ts(resolution["endsAt"]) < ts(firing["endsAt"])
+    assert "routed to: ticket" in capsys.readouterr().out
+
+
+# --- shipped configuration ----------------------------------------------------------------
+
+AMTOOL = shutil.which("amtool")
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (Debian: prometheus-alertmanager)")
+def test_shipped_alertmanager_config_passes_amtool_check_config():
+    r = subprocess.run([AMTOOL, "check-config", str(ALERTING / "alertmanager.yml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 inhibit rules" in r.stdout
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (Debian: prometheus-alertmanager)")
+@pytest.mark.parametrize(
+    "labels,receiver",
+    [
+        (["alertname=NcclNetworkPathDegraded", "severity=critical", "job=j"], "ncclwatch-page"),
+        (["alertname=NcclCollectiveDegraded", "severity=warning", "job=j"], "ncclwatch-ticket"),
+        (["alertname=NcclStragglerRank", "severity=info", "job=j"], "ncclwatch-null"),
+        (["alertname=NcclTelemetryLoss", "severity=critical", "job=j"], "ncclwatch-telemetry"),
+        (["alertname=NcclTelemetryLoss", "severity=info", "job=j"], "ncclwatch-null"),
+        (["alertname=NcclwatchTestAlert", "severity=critical", "test=true"], "ncclwatch-page"),
+        (["alertname=Other"], "ncclwatch-ticket"),
+    ],
+)
+def test_shipped_routes_send_critical_to_page_warning_to_ticket_info_nowhere(labels, receiver):
+    r = subprocess.run(
+        [AMTOOL, "config", "routes", "test", f"--config.file={ALERTING / 'alertmanager.yml'}",
+         *labels],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert r.stdout.strip() == receiver, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
+def test_shipped_rules_pass_promtool_check_rules():
+    rules = ALERTING / "rules" / "ncclwatch.rules.yml"
+    r = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+PROMTOOL_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 15s
+tests:
+  # scraped with honor_labels: true -> the training job is in `job`
+  - interval: 15s
+    input_series:
+      - series: 'ncclwatch_busbw_observed_gbs{{job="llm", comm="0xa", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
+        values: '40 40 40 30x10'
+      - series: 'ncclwatch_busbw_baseline_gbs{{job="llm", comm="0xa", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
+        values: '40x13'
+    alert_rule_test:
+      - eval_time: 30s
+        alertname: NcclCollectiveDegraded
+        exp_alerts: []
+      - eval_time: 2m30s
+        alertname: NcclCollectiveDegraded
+        exp_alerts:
+          - exp_labels: {{job: llm, comm: "0xa", op: AllReduce, size_bucket: 64MiB, transport: net, severity: warning, source: prometheus}}
+            exp_annotations:
+              summary: "AllReduce 64MiB over net (comm 0xa) in job llm: bus bandwidth at 75% of baseline"
+              description: "Observed bus bandwidth is 75% of its learned baseline for at least 1m (degraded below 90%)."
+              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclCollectiveDegraded.md"
+              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
+  # scraped without honor_labels -> `exported_job`, copied back into `job`
+  - interval: 15s
+    input_series:
+      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="3", instance="w1:9466"}}'
+        values: '1 1.5x10'
+      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="4", instance="w1:9466"}}'
+        values: '1x10'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: NcclStragglerRank
+        exp_alerts:
+          - exp_labels: {{job: llm, comm: "0xa", rank: "3", severity: warning, source: prometheus}}
+            exp_annotations:
+              summary: "Straggler: rank 3 of comm 0xa in job llm runs at 1.50x the typical rank's time"
+              description: "Relative execution time above 1.2 for at least 1m: every collective of this communicator waits for this rank."
+              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclStragglerRank.md"
+              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
+"""  # noqa: E501
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
+def test_rules_fire_on_synthetic_series_with_and_without_honor_labels(tmp_path):
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(PROMTOOL_TEST.format(rules=ALERTING / "rules" / "ncclwatch.rules.yml"))
+    r = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
