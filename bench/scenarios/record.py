@@ -121,7 +121,7 @@ class Run:
         # Open for the job's lifetime; closed in wait().
         self.log_file = open(self.dir / "logs" / "torchrun.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.log_file,
-                                     stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+                                     stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True)
         deadline = time.monotonic() + self.args.ready_timeout_s
         while not (self.ctl / "ready").exists():
             if self.proc.poll() is not None:
@@ -131,10 +131,39 @@ class Run:
                 raise RuntimeError(f"{self.name}: not ready after {self.args.ready_timeout_s} s")
             time.sleep(0.2)
         self.ready_ns = json.loads((self.ctl / "ready").read_text())["ts_ns"]
+        if self.args.live_watch and self.scenario != "calibrate":
+            self.start_watch()
         self.ready_mono = time.monotonic()
         self.ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text())
                       for p in self.ctl.glob("rank-*.json")}
         log(f"{self.name}: ready, pids {[self.ranks[r]['pid'] for r in sorted(self.ranks)]}")
+
+    def start_watch(self) -> None:
+        """``ncclwatch watch`` tailing this run's spool, as an operator would run it."""
+        cmd = [sys.executable, "-m", "ncclwatch.cli", "watch", str(self.dir / "spool"),
+               "--events-out", str(self.dir / "live-events.jsonl"), "--metrics-port", "-1",
+               "--state", str(self.dir / "watch-state.json"), "--status-every-s", "5"]
+        env = dict(self.env)
+        if self.args.watch_pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], self.args.watch_pythonpath])
+        env.pop("NCCL_PROFILER_PLUGIN", None)
+        self.watch_log = open(self.dir / "logs" / "watch.log", "w")  # noqa: SIM115
+        self.watch = subprocess.Popen(cmd, env=env, stdout=self.watch_log,
+                                      stderr=subprocess.STDOUT, cwd=self.dir)
+        log(f"{self.name}: live watch: {shlex.join(cmd)}")
+
+    def stop_watch(self) -> None:
+        if getattr(self, "watch", None) is None:
+            return
+        time.sleep(self.args.watch_linger_s)  # let it read the last segments
+        self.watch.send_signal(signal.SIGINT)
+        try:
+            self.watch.wait(20)
+        except subprocess.TimeoutExpired:
+            self.watch.kill()
+            self.watch.wait()
+        self.watch_log.close()
+        log(f"{self.name}: live watch exited {self.watch.returncode}")
 
     def sleep_until(self, offset_s: float) -> None:
         """Sleep until ``offset_s`` after the job's warm-up ended."""
@@ -155,6 +184,7 @@ class Run:
         self.log_file.close()
         self.rc = rc
         log(f"{self.name}: job exited {rc}")
+        self.stop_watch()
         return rc
 
     def kill(self) -> None:
@@ -191,6 +221,8 @@ class Run:
                 parts.append(faults.SocketBlaster(self.socket_address()["address"],
                                                   int(kv.get("n", 4)), cores))
             elif kind == "tc":
+                if not self.args.allow_tc:
+                    raise ValueError("tc shapes the whole interface: pass --allow-tc")
                 tc = self.args.tc.split() if self.args.tc else ["tc"]
                 parts.append(faults.TcShaper(tc, self.socket_address()["iface"],
                                              kv.get("rate", "16gbit")))
@@ -465,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shim", default="/tmp/ncclwatch-shim")
     p.add_argument("--plugin", help=f"profiler plugin (default {PLUGIN} when built)")
     p.add_argument("--tc", help="tc command, e.g. 'env LD_LIBRARY_PATH=x ./tc'")
+    p.add_argument("--allow-tc", action="store_true",
+                   help="let tc injectors shape the interface (it slows every user of it)")
     p.add_argument("--job-prefix", default="gpu-")
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--pretend-nodes", type=int, default=2)
@@ -483,6 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level-on-s", type=float, default=6.0)
     p.add_argument("--level-off-s", type=float, default=4.0)
     p.add_argument("--target-drop", type=float, default=0.15)
+    p.add_argument("--live-watch", action="store_true",
+                   help="run `ncclwatch watch` on the spool during each run")
+    p.add_argument("--watch-pythonpath", default="",
+                   help="extra PYTHONPATH for the watch (carried wheels)")
+    p.add_argument("--watch-linger-s", type=float, default=5.0)
     p.epilog = "Arguments after a lone -- go to train_job.py."
     return p
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What one device call runs (from the repository root, $OUT set by the device tool):
+# environment facts, the plugin build, then `record.py suite` with the arguments given
+# here appended. Everything useful lands under $OUT (at most 8 files come back):
+#   suite.log, suite.json, and one <run>.tar.gz per run.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/scenario-out}
+mkdir -p "$OUT"
+LOG="$OUT/suite.log"
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi topo -m
+  nproc; grep -m1 "model name" /proc/cpuinfo
+  ip -br addr 2>/dev/null || cat /proc/net/dev
+  python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+} >"$LOG" 2>&1
+if [ -f plugin/Makefile ]; then
+  make -C plugin >>"$LOG" 2>&1 || echo "plugin build FAILED" >>"$LOG"
+fi
+ls -la plugin/build/*.so >>"$LOG" 2>&1
+WATCH_PATH=""
+if ls .gpu/scenarios/whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/scenario-site .gpu/scenarios/whl/*.whl >>"$LOG" 2>&1 && WATCH_PATH=/tmp/scenario-site
+fi
+TC=""
+if [ -x .gpu/scenarios/tc/tc ]; then
+  TC="env LD_LIBRARY_PATH=$PWD/.gpu/scenarios/tc $PWD/.gpu/scenarios/tc/tc"
+  $TC qdisc show >>"$LOG" 2>&1
+fi
+PYTHONUNBUFFERED=1 python3 bench/scenarios/record.py suite --out /tmp/scenario-runs --tar "$OUT" \
+  --tc "$TC" --allow-tc --watch-pythonpath "$WATCH_PATH" "$@" 2>&1 | tee -a "$LOG"
+cp /tmp/scenario-runs/suite.json "$OUT/" 2>/dev/null
+ls -la "$OUT" >>"$LOG"
