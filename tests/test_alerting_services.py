@@ -1,0 +1,432 @@
+"""The alerting path against the real Alertmanager and Prometheus of scripts/services.sh.
+
+A real webhook receiver (HTTP on 127.0.0.1:0) stands in for on-call. Alertmanager runs
+the shipped alerting/alertmanager.yml with the receiver URLs pointed at it and the
+timings shortened (group_wait/group_interval 1 s), written over the services' config and
+reloaded; the services' own config is put back afterwards. Every test uses its own
+training-job id, so groups (by job) and assertions never mix with other tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ncclwatch.alerting.alertmanager import AlertmanagerClient
+from ncclwatch.alerting.sink import AlertSink
+
+from ncclwatch import cli, testing
+from ncclwatch.records import AnomalyEvent, from_json, to_dict
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+ALERTING = Path(__file__).resolve().parent.parent / "alerting"
+SHIPPED_HOOK_BASE = "https://oncall.example.com/hooks/ncclwatch"
+
+
+# --- a webhook receiver -----------------------------------------------------------------
+
+
+class Webhook:
+    """Records Alertmanager's webhook notifications: (receiver path, payload)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
+        self._cond = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._cond:
+                    outer.calls.append((self.path, body))
+                    outer._cond.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, job: str) -> list[tuple[str, dict]]:
+        """(receiver path, alert) for every notified alert of one job, in arrival order."""
+        with self._cond:
+            return [(path, a) for path, body in self.calls for a in body["alerts"]
+                    if a["labels"].get("job") == job]
+
+    def wait(self, job: str, pred: Callable[[str, dict], bool], timeout_s: float = 20.0) -> dict:
+        """The first notified alert of ``job`` matching ``pred(path, alert)``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for path, a in self.alerts(job):
+                    if pred(path, a):
+                        return {"path": path, **a}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    got = [(p, a["labels"]["alertname"], a["status"]) for p, a in self.alerts(job)]
+                    raise AssertionError(f"nothing matching for {job} in {timeout_s}s: {got}")
+                self._cond.wait(left)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def shortened_am_config(hook_url: str) -> str:
+    """The shipped Alertmanager config, receivers pointed at ``hook_url``, timings short."""
+    text = (ALERTING / "alertmanager.yml").read_text()
+    assert text.count(f"url: '{SHIPPED_HOOK_BASE}/") == 3
+    text = text.replace(SHIPPED_HOOK_BASE, hook_url)
+    for key, value in (("group_wait", "1s"), ("group_interval", "1s")):
+        text, n = re.subn(rf"(?m)^(\s*{key}:) \S+$", rf"\1 {value}", text)
+        assert n >= 1, key
+    return text
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    yield hook
+    hook.close()
+
+
+@pytest.fixture(scope="module")
+def am(services: testing.Services, webhook: Webhook) -> Iterator[str]:
+    """Alertmanager running the shipped routing with our webhook; restored afterwards."""
+    path = services.alertmanager_config_file
+    original = path.read_text()
+    install_am_config(services, webhook)
+    yield services.alertmanager_url
+    path.write_text(original)
+    # from the endpoints file: Alertmanager may have come back on another port
+    testing.reload(testing.Services.from_env_file().alertmanager_url)
+
+
+def install_am_config(services: testing.Services, webhook: Webhook) -> None:
+    path = services.alertmanager_config_file
+    tmp = path.with_name(path.name + ".ncclwatch-test")
+    tmp.write_text(shortened_am_config(webhook.url))
+    os.replace(tmp, path)
+    testing.reload(services.alertmanager_url)
+    # Reload answers before... nothing: it is synchronous, but check the routes took.
+    status = testing.http_json(f"{services.alertmanager_url}/api/v2/status")
+    assert webhook.url in status["config"]["original"]
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def anomaly(job: str, **over: Any) -> AnomalyEvent:
+    now = time.time_ns()
+    base = dict(
+        id=testing.unique_name("an"), type="network_path", state="firing", job=job,
+        key={"comm": "0x00000000000000ab", "comm_name": "dp", "op": "AllReduce",
+             "size_bucket": "64MiB", "transport": "net"},
+        host="node-3", rank=None, start_ns=now - 60 * 10**9, end_ns=None, detected_ns=now,
+        baseline_busbw_gbs=40.0, observed_busbw_gbs=30.0, effect=0.25, attribution="network",
+        throughput_delta=-0.13, severity="critical", evidence={"keys": 4},
+    )
+    base.update(over)
+    return from_json({"v": 1, "kind": "anomaly", **base})
+
+
+def resolved(ev: AnomalyEvent) -> AnomalyEvent:
+    return from_json({**to_dict(ev), "state": "resolved", "end_ns": time.time_ns()})
+
+
+def make_sink(url: str, **kw: Any) -> AlertSink:
+    client = AlertmanagerClient(url, timeout_s=2, backoff_initial_s=0.5, backoff_max_s=2)
+    return AlertSink(client=client, resend_interval_s=5, **kw)
+
+
+def is_firing(name: str) -> Callable[[str, dict], bool]:
+    return lambda path, a: a["labels"]["alertname"] == name and a["status"] == "firing"
+
+
+def is_resolved(name: str) -> Callable[[str, dict], bool]:
+    return lambda path, a: a["labels"]["alertname"] == name and a["status"] == "resolved"
+
+
+# --- Alertmanager ---------------------------------------------------------------------------
+
+
+def test_anomaly_firing_then_resolved_reaches_on_call_with_labels_and_annotations(am, webhook):
+    job = testing.unique_name("job")
+    sink = make_sink(am)
+    ev = anomaly(job)
+    sink.handle(ev)
+    got = webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+    assert got["path"] == "/page"  # critical pages
+    assert got["labels"] == {
+        "alertname": "NcclNetworkPathDegraded", "job": job, "severity": "critical",
+        "anomaly_id": ev.id, "source": "ncclwatch", "comm": "0x00000000000000ab",
+        "op": "AllReduce", "size_bucket": "64MiB", "transport": "net", "host": "node-3",
+    }
+    ann = got["annotations"]
+    assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
+    assert "-13.0%" in ann["summary"]
+    assert ann["runbook_url"].endswith("/docs/runbooks/NcclNetworkPathDegraded.md")
+    assert "/d/ncclwatch-comm?" in ann["dashboard_url"] and f"var-job={job}" in ann["dashboard_url"]
+
+    sink.handle(resolved(ev))
+    done = webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
+    assert done["path"] == "/page" and done["labels"] == got["labels"]
+    assert sink.pending() == 0 and sink.active() == 0
+
+
+def test_warning_tickets_info_goes_nowhere_and_telemetry_loss_has_its_own_route(am, webhook):
+    job = testing.unique_name("job")
+    sink = make_sink(am)
+    sink.handle(anomaly(job, type="collective_degraded", severity="warning", attribution="unknown"))
+    sink.handle(anomaly(job, type="straggler", severity="info", rank=3))
+    sink.handle(anomaly(job, type="telemetry_loss", severity="critical", attribution="telemetry"))
+    assert webhook.wait(job, is_firing("NcclCollectiveDegraded"))["path"] == "/ticket"
+    assert webhook.wait(job, is_firing("NcclTelemetryLoss"))["path"] == "/telemetry"
+    held = AlertmanagerClient(am).get_alerts(job=job, alertname="NcclStragglerRank")
+    assert [r["name"] for r in held[0]["receivers"]] == ["ncclwatch-null"]
+    assert "NcclStragglerRank" not in {a["labels"]["alertname"] for _, a in webhook.alerts(job)}
+
+
+def test_network_path_alert_inhibits_collective_degraded_of_the_same_job_only(am, webhook):
+    job, other = testing.unique_name("job"), testing.unique_name("job")
+    sink = make_sink(am)
+    sink.handle(anomaly(job, type="network_path", severity="warning"))
+    webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+    sink.handle(anomaly(job, type="collective_degraded", severity="warning"))
+    sink.handle(anomaly(other, type="collective_degraded", severity="warning"))
+    webhook.wait(other, is_firing("NcclCollectiveDegraded"))  # other job: not inhibited
+    client = AlertmanagerClient(am)
+    target = client.get_alerts(job=job, alertname="NcclCollectiveDegraded")[0]
+    assert target["status"]["state"] == "suppressed" and target["status"]["inhibitedBy"]
+    time.sleep(3)  # three group intervals: an uninhibited alert would have been notified
+    names = [a["labels"]["alertname"] for _, a in webhook.alerts(job)]
+    assert "NcclCollectiveDegraded" not in names
+
+
+def test_sink_alert_inhibits_the_duplicate_from_prometheus_rules(am, webhook):
+    job = testing.unique_name("job")
+    make_sink(am).handle(anomaly(job, type="straggler", severity="warning", rank=2))
+    webhook.wait(job, is_firing("NcclStragglerRank"))
+    # what the Prometheus rule would send for the same straggler
+    AlertmanagerClient(am).post_alerts([{"labels": {
+        "alertname": "NcclStragglerRank", "job": job, "comm": "0x00000000000000ab", "rank": "2",
+        "severity": "warning", "source": "prometheus"}}])
+    time.sleep(0.5)
+    rule_alert = AlertmanagerClient(am).get_alerts(job=job, source="prometheus")[0]
+    assert rule_alert["status"]["state"] == "suppressed"
+
+
+def test_alert_test_command_sends_a_labelled_alert_and_resolves_it(am, webhook, capsys):
+    job = testing.unique_name("job")
+    rc = cli.main(["alert-test", "--url", am, "--severity", "critical", "--duration", "2",
+                   "--job", job])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "routed to: ncclwatch-page" in out.out
+    firing = webhook.wait(job, is_firing("NcclwatchTestAlert"))
+    assert firing["path"] == "/page" and firing["labels"]["test"] == "true"
+    webhook.wait(job, is_resolved("NcclwatchTestAlert"))
+
+
+# --- Prometheus rules on scraped metrics ------------------------------------------------------
+
+
+def detector_metrics(job: str):
+    """A registry with the detector's exported metric names, and a function to set values."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    reg = CollectorRegistry()
+    key = ["job", "comm", "op", "size_bucket", "transport"]
+    g = {
+        "observed": Gauge("ncclwatch_busbw_observed_gbs", "busbw", key, registry=reg),
+        "baseline": Gauge("ncclwatch_busbw_baseline_gbs", "baseline", key, registry=reg),
+        "ratio": Gauge("ncclwatch_degradation_ratio", "observed/baseline", key, registry=reg),
+        "active": Gauge("ncclwatch_anomaly_active", "active", ["job", "type", *key[1:], "rank"],
+                        registry=reg),
+        "tflops": Gauge("ncclwatch_job_tflops_per_gpu", "tflops", ["job"], registry=reg),
+        "relexec": Gauge("ncclwatch_rank_relative_exec", "relative exec", ["job", "comm", "rank"],
+                         registry=reg),
+        "lag": Gauge("ncclwatch_detector_lag_seconds", "lag", registry=reg),
+        "last_send": Gauge("ncclwatch_forwarder_last_send_timestamp_seconds", "last send",
+                           registry=reg),
+    }
+    dropped = Counter("ncclwatch_plugin_dropped", "drops", ["job", "host", "reason"], registry=reg)
+    slow = (job, "0x00000000000000ab", "AllReduce", "64MiB", "net")
+    healthy = (job, "0x00000000000000ab", "AllGather", "1MiB", "nvlink")
+    g["baseline"].labels(*slow).set(40.0)
+    g["observed"].labels(*slow).set(30.0)
+    g["ratio"].labels(*slow).set(0.75)
+    g["baseline"].labels(*healthy).set(100.0)
+    g["observed"].labels(*healthy).set(99.0)
+    g["ratio"].labels(*healthy).set(0.99)
+    g["active"].labels(job, "network_path", *slow[1:], "").set(1)
+    g["relexec"].labels(job, "0x00000000000000ab", "5").set(1.6)
+    g["relexec"].labels(job, "0x00000000000000ab", "6").set(1.0)
+    g["tflops"].labels(job).set(310.0)
+    g["lag"].set(100.0)
+    g["last_send"].set(time.time() - 1000)
+
+    def drop(n: int) -> None:
+        dropped.labels(job, "node-3", "ring_full").inc(n)
+
+    return reg, g, drop
+
+
+class Targets:
+    """Adds scrape targets to the services' file_sd file (shared: read-modify-write, locked)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _edit(self, change: Callable[[list], list]) -> None:
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            groups = json.loads(self.path.read_text() or "[]") if self.path.exists() else []
+            tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(change(groups)))
+            os.replace(tmp, self.path)
+
+    def add(self, target: str) -> None:
+        self._edit(lambda gs: [*gs, {"targets": [target], "labels": {}}])
+
+    def remove(self, target: str) -> None:
+        self._edit(lambda gs: [g for g in gs if target not in g.get("targets", [])])
+
+
+def prom_alerts(prometheus_url: str) -> list[dict]:
+    return testing.http_json(f"{prometheus_url}/api/v1/alerts")["data"]["alerts"]
+
+
+def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prometheus_url):
+    import shutil
+    import subprocess
+
+    from prometheus_client import start_http_server
+
+    rules = ALERTING / "rules" / "ncclwatch.rules.yml"
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/setup.sh installs the prometheus package"
+    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                           text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    job = testing.unique_name("job")
+    reg, g, drop = detector_metrics(job)
+    httpd, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+    target = f"127.0.0.1:{httpd.server_address[1]}"
+    # The shipped rules with their `for:` durations cut to 1 s; expressions unchanged.
+    text, n = re.subn(r"(?m)^(\s*for:) \S+$", r"\1 1s", rules.read_text())
+    assert n >= 5
+    rule_file = services.prometheus_rules_dir / f"{testing.unique_name('alerting')}.yml"
+    rule_file.write_text(text)
+    targets = Targets(services.prometheus_targets_file)
+    targets.add(target)
+    try:
+        testing.reload(prometheus_url)
+        drop(1)
+        testing.wait_prometheus(
+            prometheus_url, f'ncclwatch_job_tflops_per_gpu{{exported_job="{job}"}} '
+            f'or ncclwatch_job_tflops_per_gpu{{job="{job}"}}', timeout=20)
+        time.sleep(3)  # a few samples at 310 TFLOP/s before the drop
+        drop(5)  # the counter grows: increase() > 0
+        g["tflops"].labels(job).set(268.0)
+
+        want = {
+            ("NcclCollectiveDegraded", "AllReduce"),
+            ("NcclNetworkPathDegraded", "AllReduce"),
+            ("NcclStragglerRank", "5"),
+            ("NcclJobThroughputDrop", ""),
+            ("NcclTelemetryLoss", "plugin_drops"),
+            ("NcclTelemetryLoss", "detector_lag"),
+            ("NcclTelemetryLoss", "forwarder_silent"),
+        }
+        seen: set[tuple[str, str]] = set()
+        firing: list[dict] = []
+        deadline = time.monotonic() + 30
+        while not want <= seen and time.monotonic() < deadline:
+            firing = [
+                a for a in prom_alerts(prometheus_url)
+                if a["state"] == "firing"
+                and (a["labels"].get("job") == job or a["labels"].get("instance") == target)
+            ]
+            for a in firing:
+                lab = a["labels"]
+                detail = lab.get("op") or lab.get("rank") or lab.get("cause", "")
+                if lab["alertname"] == "NcclTelemetryLoss":
+                    detail = lab["cause"]
+                seen.add((lab["alertname"], detail))
+            time.sleep(0.5)
+        assert want <= seen, f"missing {want - seen}; firing: {firing}"
+        # The healthy key and rank do not fire, and the training job is in `job` although
+        # this Prometheus scrapes without honor_labels (the metric's job is exported_job).
+        assert ("NcclCollectiveDegraded", "AllGather") not in seen
+        assert ("NcclStragglerRank", "6") not in seen
+        for a in firing:
+            lab = a["labels"]
+            if lab["alertname"] != "NcclTelemetryLoss" or lab["cause"] == "plugin_drops":
+                assert lab["job"] == job and "exported_job" not in lab
+            assert lab["source"] == "prometheus"
+    finally:
+        targets.remove(target)
+        rule_file.unlink()
+        testing.reload(prometheus_url)
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_alert_raised_during_an_alertmanager_outage_and_a_pending_resolution_survive_it(
+    services, am, webhook, tmp_path
+):
+    # Last in this module: Alertmanager restarts, possibly on another port.
+    job = testing.unique_name("job")
+    sink = make_sink(am, state_dir=tmp_path)
+    before = anomaly(job, type="network_path", severity="critical")
+    sink.handle(before)
+    webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+
+    testing.stop_service("alertmanager")
+    try:
+        t_down = time.monotonic()
+        during = anomaly(job, type="straggler", severity="critical", rank=5)
+        sink.handle(during)  # refused: kept in the outbox
+        sink.handle(resolved(before))  # the resolution too
+        assert sink.pending() == 2
+        sink.close()  # ... and the process "restarts" while Alertmanager is still down
+        sink = make_sink(am, state_dir=tmp_path)
+        assert sink.pending() == 2
+        stayed_down = True
+        while time.monotonic() - t_down < 30:
+            sink.tick()  # retried with backoff, refused
+            # The services are shared: another session's fixture may start Alertmanager
+            # again before our 30 s are up. Only while it is really down must all stay put.
+            if testing.is_running("alertmanager"):
+                stayed_down = False
+                break
+            assert sink.pending() == 2
+            time.sleep(1)
+        if stayed_down:
+            assert sink.client.failures >= 3
+    finally:
+        restarted = testing.start_service("alertmanager")
+    install_am_config(restarted, webhook)  # services.sh start wrote its default config
+    sink.client.url = restarted.alertmanager_url  # same port unless it was taken meanwhile
+    deadline = time.monotonic() + 10
+    while sink.pending() and time.monotonic() < deadline:
+        sink.tick()
+        time.sleep(0.2)
+    assert sink.pending() == 0
+    webhook.wait(job, is_firing("NcclStragglerRank"))
+    webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
