@@ -92,6 +92,8 @@ class ProxyCpuContention:
     _saved: dict[int, set[int]] = field(default_factory=dict, repr=False)
     _procs: list[mp.Process] = field(default_factory=list, repr=False)
     pinned: dict[int, list[int]] = field(default_factory=dict)
+    fallback: bool = False
+    thread_names: dict[int, list[str]] = field(default_factory=dict)
 
     def start(self) -> None:
         if not self.cores:
@@ -105,11 +107,18 @@ class ProxyCpuContention:
         for i, pid in enumerate(self.pids):
             core = self.cores[i % len(self.cores)]
             tids = nccl_data_threads(pid)
+            if not tids:
+                # NCCL did not name its threads (NCCL_SET_THREAD_NAME unset or an NCCL that
+                # names only through NVTX): take every thread but the main one, which
+                # launches the GPU work; NCCL's proxy is among them.
+                self.fallback = True
+                tids = [tid for tid, _ in threads(pid) if tid != pid]
             for tid in tids:
                 with contextlib.suppress(OSError):
                     self._saved[tid] = os.sched_getaffinity(tid)
                     os.sched_setaffinity(tid, {core})
             self.pinned[pid] = tids
+            self.thread_names[pid] = sorted({name for _, name in threads(pid)})
 
     def stop(self) -> None:
         for p in self._procs:
@@ -125,7 +134,9 @@ class ProxyCpuContention:
     def describe(self) -> dict:
         return {"injector": "proxy_cpu", "pids": self.pids, "cores": self.cores,
                 "spinners_per_core": self.spinners_per_core, "duty": self.duty,
-                "pinned_threads": {str(k): v for k, v in self.pinned.items()}}
+                "pinned_threads": {str(k): v for k, v in self.pinned.items()},
+                "fallback_all_threads": self.fallback,
+                "thread_names": {str(k): v for k, v in self.thread_names.items()}}
 
 
 def _receive(listener: socket.socket, core: int | None, counter) -> None:

@@ -504,13 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretend-nodes", type=int, default=2)
     p.add_argument("--host-layer", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--duration-s", type=float, default=80.0)
+    p.add_argument("--duration-s", type=float, default=75.0)
     p.add_argument("--ready-timeout-s", type=float, default=120.0)
-    p.add_argument("--fault-start-s", type=float, default=30.0)
+    p.add_argument("--fault-start-s", type=float, default=25.0)
     p.add_argument("--fault-duration-s", type=float, default=25.0)
     p.add_argument("--injector", default="cpu:k=2")
     p.add_argument("--straggler-rank", type=int, default=1)
-    p.add_argument("--straggler-extra", type=int, default=2,
+    p.add_argument("--straggler-extra", type=int, default=4,
                    help="extra matmuls per model layer on the straggler")
     p.add_argument("--levels", nargs="*", default=[],
                    help="injector specs the calibration steps through")

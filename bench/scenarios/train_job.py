@@ -64,12 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=60.0,
                    help="measured run time after the warm-up")
     p.add_argument("--warmup-steps", type=int, default=15)
-    p.add_argument("--layers", type=int, default=2, help="model layers per step")
-    p.add_argument("--matmuls-per-layer", type=int, default=5)
+    p.add_argument("--layers", type=int, default=1, help="model layers per step")
+    p.add_argument("--matmuls-per-layer", type=int, default=10)
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--ag-mib", type=float, default=8.0, help="AllGather shard per rank")
-    p.add_argument("--rs-mib", type=float, default=8.0, help="ReduceScatter output per rank")
+    p.add_argument("--ag-mib", type=float, default=16.0, help="AllGather shard per rank")
+    p.add_argument("--rs-mib", type=float, default=16.0, help="ReduceScatter output per rank")
     p.add_argument("--ar-mib", type=float, default=4.0, help="tp AllReduce message")
     p.add_argument("--dp-mib", type=float, default=16.0, help="dp AllReduce message")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
