@@ -474,6 +474,31 @@ tests:
               description: "Relative execution time above 1.2 for at least 1m: every collective of this communicator waits for this rank."
               runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclStragglerRank.md"
               dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
+  # a forwarder with data waiting and no ack for 1000 s alerts; an idle one does not
+  - interval: 15s
+    input_series:
+      - series: 'ncclwatch_forwarder_last_send_timestamp_seconds{{job="ncclwatch-forwarder", instance="n1:9465"}}'
+        values: '0x20'
+      - series: 'ncclwatch_forwarder_buffer_bytes{{job="ncclwatch-forwarder", instance="n1:9465"}}'
+        values: '5000x20'
+      - series: 'ncclwatch_forwarder_bytes_behind{{job="ncclwatch-forwarder", instance="n1:9465"}}'
+        values: '0x20'
+      - series: 'ncclwatch_forwarder_last_send_timestamp_seconds{{job="ncclwatch-forwarder", instance="n2:9465"}}'
+        values: '0x20'
+      - series: 'ncclwatch_forwarder_buffer_bytes{{job="ncclwatch-forwarder", instance="n2:9465"}}'
+        values: '0x20'
+      - series: 'ncclwatch_forwarder_bytes_behind{{job="ncclwatch-forwarder", instance="n2:9465"}}'
+        values: '0x20'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: NcclTelemetryLoss
+        exp_alerts:
+          - exp_labels: {{job: ncclwatch-forwarder, instance: "n1:9465", cause: forwarder_silent, severity: warning, source: prometheus}}
+            exp_annotations:
+              summary: "ncclwatch forwarder n1:9465 has sent nothing to Kafka for 4m 0s"
+              description: "Records are waiting (buffered or unread) but none was acknowledged by Kafka for over 2 minutes: Kafka unreachable or refusing, or the forwarder stuck."
+              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclTelemetryLoss.md"
+              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-pipeline?from=now-1h&to=now"
 """  # noqa: E501
 
 

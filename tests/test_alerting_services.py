@@ -245,8 +245,8 @@ def test_alert_test_command_sends_a_labelled_alert_and_resolves_it(am, webhook, 
 
 
 def detector_metrics(job: str):
-    """A registry with the detector's exported metric names, and a function to set values."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge
+    """A registry with the detector's exported metric names, a degraded and a healthy key."""
+    from prometheus_client import CollectorRegistry, Gauge
 
     reg = CollectorRegistry()
     key = ["job", "comm", "op", "size_bucket", "transport"]
@@ -260,10 +260,7 @@ def detector_metrics(job: str):
         "relexec": Gauge("ncclwatch_rank_relative_exec", "relative exec", ["job", "comm", "rank"],
                          registry=reg),
         "lag": Gauge("ncclwatch_detector_lag_seconds", "lag", registry=reg),
-        "last_send": Gauge("ncclwatch_forwarder_last_send_timestamp_seconds", "last send",
-                           registry=reg),
     }
-    dropped = Counter("ncclwatch_plugin_dropped", "drops", ["job", "host", "reason"], registry=reg)
     slow = (job, "0x00000000000000ab", "AllReduce", "64MiB", "net")
     healthy = (job, "0x00000000000000ab", "AllGather", "1MiB", "nvlink")
     g["baseline"].labels(*slow).set(40.0)
@@ -277,12 +274,18 @@ def detector_metrics(job: str):
     g["relexec"].labels(job, "0x00000000000000ab", "6").set(1.0)
     g["tflops"].labels(job).set(310.0)
     g["lag"].set(100.0)
-    g["last_send"].set(time.time() - 1000)
+    return reg, g
 
-    def drop(n: int) -> None:
-        dropped.labels(job, "node-3", "ring_full").inc(n)
 
-    return reg, g, drop
+def forwarder_metrics(job: str, *, stuck: bool):
+    """The forwarder's real metrics: stuck (data waiting, Kafka silent) or idle."""
+    from ncclwatch.ingest.metrics import ForwarderMetrics
+
+    m = ForwarderMetrics()
+    m.last_send.set(time.time() - 1000)  # nothing acknowledged for 1000 s
+    if stuck:
+        m.buffer_bytes.set(5_000_000)
+    return m
 
 
 class Targets:
@@ -324,24 +327,27 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
     assert check.returncode == 0, check.stdout + check.stderr
 
     job = testing.unique_name("job")
-    reg, g, drop = detector_metrics(job)
-    httpd, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
-    target = f"127.0.0.1:{httpd.server_address[1]}"
+    reg, g = detector_metrics(job)
+    stuck, idle = forwarder_metrics(job, stuck=True), forwarder_metrics(job, stuck=False)
+    servers = [start_http_server(0, addr="127.0.0.1", registry=r)[0]
+               for r in (reg, stuck.registry, idle.registry)]
+    target, stuck_target, idle_target = (f"127.0.0.1:{h.server_address[1]}" for h in servers)
     # The shipped rules with their `for:` durations cut to 1 s; expressions unchanged.
     text, n = re.subn(r"(?m)^(\s*for:) \S+$", r"\1 1s", rules.read_text())
     assert n >= 5
     rule_file = services.prometheus_rules_dir / f"{testing.unique_name('alerting')}.yml"
     rule_file.write_text(text)
     targets = Targets(services.prometheus_targets_file)
-    targets.add(target)
+    for t in (target, stuck_target, idle_target):
+        targets.add(t)
     try:
         testing.reload(prometheus_url)
-        drop(1)
+        stuck.plugin_drops(job, "node-3", 4242, "ring_full", 1)
         testing.wait_prometheus(
             prometheus_url, f'ncclwatch_job_tflops_per_gpu{{exported_job="{job}"}} '
             f'or ncclwatch_job_tflops_per_gpu{{job="{job}"}}', timeout=20)
         time.sleep(3)  # a few samples at 310 TFLOP/s before the drop
-        drop(5)  # the counter grows: increase() > 0
+        stuck.plugin_drops(job, "node-3", 4242, "ring_full", 6)  # increase() > 0
         g["tflops"].labels(job).set(268.0)
 
         want = {
@@ -360,13 +366,16 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
             firing = [
                 a for a in prom_alerts(prometheus_url)
                 if a["state"] == "firing"
-                and (a["labels"].get("job") == job or a["labels"].get("instance") == target)
+                and (a["labels"].get("job") == job
+                     or a["labels"].get("instance") in (target, stuck_target, idle_target))
             ]
             for a in firing:
                 lab = a["labels"]
                 detail = lab.get("op") or lab.get("rank") or lab.get("cause", "")
                 if lab["alertname"] == "NcclTelemetryLoss":
                     detail = lab["cause"]
+                    if detail == "forwarder_silent":
+                        detail += "@idle" if lab["instance"] == idle_target else ""
                 seen.add((lab["alertname"], detail))
             time.sleep(0.5)
         assert want <= seen, f"missing {want - seen}; firing: {firing}"
@@ -374,17 +383,20 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
         # this Prometheus scrapes without honor_labels (the metric's job is exported_job).
         assert ("NcclCollectiveDegraded", "AllGather") not in seen
         assert ("NcclStragglerRank", "6") not in seen
+        assert ("NcclTelemetryLoss", "forwarder_silent@idle") not in seen
         for a in firing:
             lab = a["labels"]
             if lab["alertname"] != "NcclTelemetryLoss" or lab["cause"] == "plugin_drops":
                 assert lab["job"] == job and "exported_job" not in lab
             assert lab["source"] == "prometheus"
     finally:
-        targets.remove(target)
+        for t in (target, stuck_target, idle_target):
+            targets.remove(t)
         rule_file.unlink()
         testing.reload(prometheus_url)
-        httpd.shutdown()
-        httpd.server_close()
+        for h in servers:
+            h.shutdown()
+            h.server_close()
 
 
 def test_alert_raised_during_an_alertmanager_outage_and_a_pending_resolution_survive_it(
