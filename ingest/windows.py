@@ -258,6 +258,22 @@ class Windower:
         """How many (window, key) accumulators are open."""
         return sum(len(by_key) for st in self._streams.values() for by_key in st.open.values())
 
+    def closed_before_all(self) -> dict[Stream, int]:
+        """Every process's closing horizon, to checkpoint with the source positions."""
+        return {s: st.closed_before_ns for s, st in self._streams.items()
+                if st.closed_before_ns > -(1 << 62)}
+
+    def resume(self, stream: Stream, closed_before_ns: int) -> None:
+        """After a restart: windows of ``stream`` before this were already emitted.
+
+        Ops re-read from the spool that fall into them count as late instead of opening
+        a second, partial copy of a window.
+        """
+        st = self._streams.get(stream)
+        if st is None:
+            st = self._streams[stream] = _StreamState()
+        st.closed_before_ns = max(st.closed_before_ns, closed_before_ns)
+
     def forget(self, stream: Stream) -> None:
         """Drop a finished process's state (after :meth:`flush` of it)."""
         self._streams.pop(stream, None)

@@ -1,0 +1,817 @@
+"""``ncclwatch forward``: the per-node forwarder (sources -> transforms -> Kafka).
+
+Sources: the plugin spool (:class:`~ncclwatch.ingest.spool.SpoolTailer`; throughput API
+files arrive through it too), NCCL Inspector JSON logs and ``.prom`` files, a training
+log. Transforms: parse + validate (:mod:`ncclwatch.ingest.parse`), Inspector mapping,
+windowing (:class:`~ncclwatch.ingest.windows.Windower`). Sinks: Kafka (acks=all), the
+quarantine file and topic, the on-disk spill buffer.
+
+Delivery (see docs/ingest.md): lines are read in batches; a batch is *done* once Kafka
+acknowledged every message of it, or once it was fsynced into the spill buffer. File
+positions are checkpointed as of the newest batch before which every batch is done, so a
+``kill -9`` loses nothing and re-sends at most the batches that were not done. Ops that
+feed still-open windows are re-read after a restart for windowing only (not re-sent), so
+the windows come out whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import glob
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclwatch.ingest import checkpoint, kafka_sink
+from ncclwatch.ingest.buffer import DiskBuffer
+from ncclwatch.ingest.inspector import (
+    InspectorError,
+    op_from_inspector,
+    quarantine,
+    windows_from_prom,
+)
+from ncclwatch.ingest.metrics import ForwarderMetrics
+from ncclwatch.ingest.parse import parse
+from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
+from ncclwatch.ingest.throughput import job_id
+from ncclwatch.ingest.trainlog import ThroughputParser
+from ncclwatch.ingest.windows import Windower
+
+from ncclwatch.config import Config
+from ncclwatch.records import Quarantined, to_json
+from ncclwatch.rules import safe_filename
+
+log = logging.getLogger("ncclwatch.forward")
+
+DIRECT, SPILL = "direct", "spill"
+
+
+@dataclass
+class Options:
+    spool_dir: str
+    state_dir: str
+    node_id: str
+    inspector_dirs: list[str] = field(default_factory=list)
+    training_log: str = ""
+    job: str = ""
+    once: bool = False
+    delete_acked: bool = True
+    ops_per_message: int = 1
+    window_s: float = 1.0
+    batch_size: int = 2000
+    linger_ms: int = 20
+    compression: str = "gzip"
+    buffer_max_bytes: int = 256 << 20
+    max_inflight_batches: int = 8
+    stall_s: float = 10.0
+    poll_interval_s: float = 0.05
+    checkpoint_interval_s: float = 0.5
+    idle_flush_s: float = 5.0
+    prom_poll_s: float = 2.0
+    prom_settle_s: float = 1.0
+    prom_interval_s: float = 30.0
+    shutdown_timeout_s: float = 15.0
+    throughput_regex: str = ""
+    quarantine_file: str = ""
+
+
+class Batch:
+    """Messages read together, and the positions that become safe once they are done."""
+
+    __slots__ = ("messages", "snapshot", "pending", "errors", "done", "sent_at", "records")
+
+    def __init__(self, messages: list, snapshot: dict | None):
+        self.messages = messages
+        self.snapshot = snapshot
+        self.pending = 0
+        self.errors: list[BaseException] = []
+        self.done = not messages
+        self.sent_at = 0.0
+        self.records: collections.Counter = collections.Counter()
+
+    def ok(self, _metadata: Any) -> None:  # kafka-python sender thread
+        self.pending -= 1
+
+    def err(self, exc: BaseException) -> None:  # kafka-python sender thread
+        self.errors.append(exc)
+        self.pending -= 1
+
+    @property
+    def resolved(self) -> bool:
+        return self.pending <= 0
+
+
+def _records_in(value: bytes) -> int:
+    # JSON escapes newlines inside strings, so a packed value's records are its lines.
+    return value.count(b"\n") + 1
+
+
+class Forwarder:
+    """The forwarder's state machine; :meth:`run` loops until stopped (or drained)."""
+
+    def __init__(self, cfg: Config, opts: Options, *, metrics: ForwarderMetrics | None = None,
+                 clock=time.time):
+        self.cfg = cfg
+        self.opts = opts
+        self.topics = cfg.topics
+        self.metrics = metrics or ForwarderMetrics()
+        self.clock = clock
+        self.host = socket.gethostname()
+        self.node_dir = os.path.join(opts.state_dir, safe_filename(opts.node_id))
+        self.ckpt_path = checkpoint.path_for(opts.state_dir, opts.node_id)
+        state = checkpoint.load(self.ckpt_path)
+        self.acked: dict[str, int] = dict(state.get("acked", {}))
+        self.window_from: dict[str, int] = dict(state.get("window_from", {}))
+        self.prom_sent: dict[str, list] = dict(state.get("prom", {}))
+        inodes: dict[str, int] = dict(state.get("inodes", {}))
+        # Lines ending at or before these offsets were delivered before a restart: they are
+        # re-read only to rebuild open windows, never re-sent.
+        self.floor: dict[str, int] = {
+            p: a for p, a in self.acked.items() if self.window_from.get(p, a) < a
+        }
+
+        self.windower = Windower(opts.window_s)
+        self.window_ns = int(round(opts.window_s * 1e9))
+        self.open_first: dict[str, dict[int, int]] = {}  # source -> window start -> 1st offset
+        self.src_stream: dict[str, tuple[str, str, int]] = {}
+        self.stream_srcs: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
+        self.last_seen: dict[str, float] = {}
+
+        self.sources: list[tuple[str, Tailer]] = []
+        self.spool = SpoolTailer(opts.spool_dir)
+        self.sources.append(("spool", self.spool))
+        self.inspector: FileTailer | None = None
+        self.inspector_jobs: dict[str, str] = {}
+        if opts.inspector_dirs:
+            self.inspector = FileTailer([os.path.join(d, "*.log") for d in opts.inspector_dirs])
+            self.sources.append(("inspector_json", self.inspector))
+        self.trainlog: FileTailer | None = None
+        self.tp_parser: ThroughputParser | None = None
+        if opts.training_log:
+            self.trainlog = FileTailer([opts.training_log])
+            self.sources.append(("training_log", self.trainlog))
+            self.tp_parser = ThroughputParser(
+                job=opts.job or job_id(), host=self.host,
+                regex=opts.throughput_regex or cfg.ingest.throughput_regex)
+        for _, tailer in self.sources:
+            live = {p for s in tailer.discover() for p in s}
+            for p in live:
+                if p in self.acked:
+                    tailer.positions[p] = min(self.acked[p], self.window_from.get(p, self.acked[p]))
+                    if p in inodes:
+                        tailer.inodes[p] = inodes[p]
+
+        buf = state.get("buffer")
+        self.buffer = DiskBuffer(os.path.join(self.node_dir, "buffer"),
+                                 tuple(buf) if buf else None)
+        self.quarantine_path = opts.quarantine_file or os.path.join(self.node_dir,
+                                                                    "quarantine.jsonl")
+        self.producer: Any = None
+        self.mode = SPILL if not self.buffer.empty() else DIRECT
+        self.batches: collections.deque[Batch] = collections.deque()
+        self.drain: Batch | None = None
+        self.backoff_s = 0.5
+        self.next_attempt = 0.0
+        self.buffer_full_logged = False
+        self.stopping = False
+        self.last_ckpt = 0.0
+        self.last_idle_check = 0.0
+        self.last_prom = 0.0
+        self.last_progress = 0.0
+        self.ckpt_dirty = False
+        self.read_total = 0
+        self.sent_total = 0
+        self.quarantined_total = 0
+        self.quarantine_fd: int | None = None
+        self.committed: dict | None = None
+        self.late_reported = 0
+        self.initial_closed_before = state.get("closed_before", [])
+        for job, host, pid, before in self.initial_closed_before:
+            self.windower.resume((job, host, pid), before)
+        if opts.once:
+            opts.prom_settle_s = 0.0  # the input is complete: nothing is being written
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        if self.producer is not None:
+            return True
+        t = self.topics
+        try:
+            kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.windows, t.throughput,
+                                                         t.anomalies, t.quarantine])
+            self.producer = kafka_sink.make_producer(
+                self.cfg.kafka, compression=self.opts.compression,
+                batch_size_bytes=1 << 20, linger_ms=self.opts.linger_ms)
+        except Exception as e:  # broker down, auth failure: keep the data, retry later
+            log.warning("event=kafka_connect_failed %s error=%s retry_in_s=%.1f",
+                        kafka_sink.describe(self.cfg.kafka), type(e).__name__, self.backoff_s)
+            return False
+        log.info("event=kafka_connected %s compression=%s", kafka_sink.describe(self.cfg.kafka),
+                 self.opts.compression)
+        return True
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict:
+        positions: dict[str, int] = {}
+        inodes: dict[str, int] = {}
+        for _, tailer in self.sources:
+            positions.update(tailer.positions)
+            inodes.update(tailer.inodes)
+        window_from = {}
+        for src, starts in self.open_first.items():
+            if starts:
+                window_from[src] = min(starts.values())
+        closed = [[*s, t] for s, t in self.windower.closed_before_all().items()]
+        return {"acked": positions, "window_from": window_from, "inodes": inodes,
+                "prom": dict(self.prom_sent), "closed_before": closed}
+
+    def _window_op(self, rec: Any, src: str, off: int, starts: dict[int, int], out: list) -> None:
+        end = rec.start_ns + rec.exec_ns
+        ws = end - end % self.window_ns
+        if ws not in starts:
+            starts[ws] = off
+            if src not in self.src_stream:
+                stream = (rec.job, rec.host, rec.pid)
+                self.src_stream[src] = stream
+                self.stream_srcs[stream].add(src)
+        closed = self.windower.add(rec)
+        if closed:
+            self._emit_windows(closed, out)
+            self._prune((rec.job, rec.host, rec.pid))
+
+    def _emit_windows(self, closed: list, out: list) -> None:
+        wt = self.topics.windows
+        for s in closed:
+            out.append((wt, s.job.encode(), to_json(s).encode()))
+
+    def _prune(self, stream: tuple[str, str, int]) -> None:
+        before = self.windower.closed_before_ns(stream)
+        if before is None:
+            return
+        for src in self.stream_srcs.get(stream, ()):
+            starts = self.open_first.get(src)
+            if starts:
+                for ws in [ws for ws in starts if ws < before]:
+                    del starts[ws]
+
+    def _quarantine(self, q: Quarantined, out: list) -> None:
+        self.metrics.quarantined.labels(q.stage, q.reason).inc()
+        self.quarantined_total += 1
+        line = to_json(q).encode()
+        try:
+            if self.quarantine_fd is None:
+                os.makedirs(os.path.dirname(self.quarantine_path), exist_ok=True)
+                self.quarantine_fd = os.open(self.quarantine_path,
+                                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self.quarantine_fd, line + b"\n")
+        except OSError as e:
+            log.warning("event=quarantine_file_failed error=%s", e)
+        out.append((self.topics.quarantine, q.source.encode(), line))
+
+    def _read_spool(self, chunks: list, out: list, ops: dict) -> int:
+        ops_topic = self.topics.ops
+        tp_topic = self.topics.throughput
+        n = 0
+        now = self.clock()
+        for chunk in chunks:
+            src = chunk.source
+            floor = self.floor.get(src, -1)
+            starts = self.open_first.setdefault(src, {})
+            off = chunk.offset
+            single = len(chunk.raws) == 1
+            self.last_seen[src] = now
+            for raw in chunk.raws:
+                nxt = chunk.next_offset if single else off + len(raw) + 1
+                rec = parse(raw, src, off)
+                kind = rec.KIND
+                send = nxt > floor
+                if kind == "op":
+                    self._window_op(rec, src, off, starts, out)
+                    if send:
+                        key = f"{rec.job}|{rec.comm}"
+                        group = ops.get(key)
+                        if group is None:
+                            ops[key] = [raw]
+                        else:
+                            group.append(raw)
+                elif not send:
+                    pass
+                elif kind == "quarantined":
+                    self._quarantine(rec, out)
+                elif kind == "throughput":
+                    out.append((tp_topic, rec.job.encode(), raw))
+                elif kind == "drop":
+                    self.metrics.plugin_drops(rec.job, rec.host, rec.pid, rec.reason, rec.total)
+                    out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
+                elif kind == "plugin_stats":
+                    for reason, total in rec.dropped.items():
+                        if isinstance(total, int):
+                            self.metrics.plugin_drops(rec.job, rec.host, rec.pid, reason, total)
+                    out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
+                elif kind == "window":
+                    out.append((self.topics.windows, rec.job.encode(), raw))
+                else:
+                    out.append((self.topics.anomalies, rec.job.encode(), raw))
+                off = nxt
+                n += 1
+            if floor >= 0 and off >= floor:
+                del self.floor[src]
+        return n
+
+    def _inspector_job(self, src: str) -> str:
+        job = self.inspector_jobs.get(src)
+        if job is None:
+            base = os.path.basename(os.path.dirname(os.path.abspath(src)))
+            if self.opts.job:
+                job = self.opts.job
+            elif base.startswith("nccl-inspector-") and base != "nccl-inspector-unknown-jobid":
+                job = base[len("nccl-inspector-"):]
+            else:
+                job = job_id()
+            self.inspector_jobs[src] = job
+        return job
+
+    def _read_inspector(self, chunks: list, out: list, ops: dict) -> int:
+        n = 0
+        now = self.clock()
+        for chunk in chunks:
+            src = chunk.source
+            floor = self.floor.get(src, -1)
+            starts = self.open_first.setdefault(src, {})
+            job = self._inspector_job(src)
+            self.last_seen[src] = now
+            for line in chunk.lines():
+                n += 1
+                send = line.next_offset > floor
+                try:
+                    rec = op_from_inspector(line.raw, job=job)
+                except InspectorError as e:
+                    if send:
+                        stage = "parse" if e.reason in ("not_json", "not_utf8") else "schema"
+                        if len(line.raw) > self.spool.max_line_bytes:
+                            e = InspectorError("too_long", f"line of {len(line.raw)}+ bytes")
+                            stage = "size"
+                        self._quarantine(quarantine(e, line.raw, src, line.offset, stage), out)
+                    continue
+                self._window_op(rec, src, line.offset, starts, out)
+                if send:
+                    ops.setdefault(f"{rec.job}|{rec.comm}", []).append(to_json(rec).encode())
+            if chunk.next_offset >= floor:
+                self.floor.pop(src, None)
+        return n
+
+    def _read_trainlog(self, chunks: list, out: list) -> int:
+        n = 0
+        assert self.tp_parser is not None
+        for chunk in chunks:
+            floor = self.floor.get(chunk.source, -1)
+            for line in chunk.lines():
+                n += 1
+                if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
+                    continue
+                rec = self.tp_parser.parse(line.raw.decode("utf-8", errors="replace"),
+                                           time.time_ns())
+                if rec is not None:
+                    out.append((self.topics.throughput, rec.job.encode(), to_json(rec).encode()))
+            if chunk.next_offset >= floor:
+                self.floor.pop(chunk.source, None)
+        return n
+
+    def _poll_prom(self, out: list) -> int:
+        n = 0
+        now = self.clock()
+        for d in self.opts.inspector_dirs:
+            for path in sorted(glob.glob(os.path.join(d, "*.prom"))):
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                sig = [st.st_ino, st.st_mtime_ns, st.st_size]
+                prev = self.prom_sent.get(path)
+                if prev == sig or st.st_size == 0:
+                    continue
+                if now - st.st_mtime_ns / 1e9 < self.opts.prom_settle_s:
+                    continue  # Inspector may still be writing it
+                with open(path, "rb") as f:
+                    data = f.read()
+                end_ns = st.st_mtime_ns
+                start_ns = prev[1] if prev and prev[0] == st.st_ino and prev[1] < end_ns else (
+                    end_ns - int(self.opts.prom_interval_s * 1e9))
+                wins, bad = windows_from_prom(data, start_ns=start_ns, end_ns=end_ns, source=path)
+                self._emit_windows(wins, out)
+                for q in bad:
+                    self._quarantine(q, out)
+                self.prom_sent[path] = sig
+                n += len(wins) + len(bad)
+                self.metrics.read.labels("inspector_prom").inc(len(wins) + len(bad))
+        return n
+
+    def _read_batch(self) -> tuple[Batch | None, int]:
+        """Read up to batch_size lines from all sources into one batch."""
+        out: list = []
+        ops: dict[str, list[bytes]] = {}
+        budget = self.opts.batch_size
+        total = 0
+        for name, tailer in self.sources:
+            if budget <= 0:
+                break
+            chunks = tailer.poll_chunks(budget)
+            if not chunks:
+                continue
+            if name == "spool":
+                n = self._read_spool(chunks, out, ops)
+            elif name == "inspector_json":
+                n = self._read_inspector(chunks, out, ops)
+            else:
+                n = self._read_trainlog(chunks, out)
+            self.metrics.read.labels(name).inc(n)
+            budget -= n
+            total += n
+        now = self.clock()
+        if self.opts.inspector_dirs and now - self.last_prom >= self.opts.prom_poll_s:
+            self.last_prom = now
+            total += self._poll_prom(out)
+        if total == 0 and not out:
+            return None, 0
+        out.extend(self._pack(ops))
+        self.read_total += total
+        return Batch(out, self._snapshot()), total
+
+    def _pack(self, ops: dict[str, list[bytes]]) -> list:
+        topic = self.topics.ops
+        k = self.opts.ops_per_message
+        msgs = []
+        for key, values in ops.items():
+            kb = key.encode()
+            if k <= 1:
+                msgs.extend((topic, kb, v) for v in values)
+            else:
+                for i in range(0, len(values), k):
+                    msgs.append((topic, kb, b"\n".join(values[i:i + k])))
+        return msgs
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _send(self, batch: Batch) -> None:
+        batch.sent_at = self.clock()
+        batch.pending = len(batch.messages)
+        send = self.producer.send
+        for topic, key, value in batch.messages:
+            try:
+                fut = send(topic, value=value, key=key)
+            except Exception as e:  # metadata timeout, producer closed
+                batch.errors.append(e)
+                batch.pending -= 1
+                continue
+            fut.add_callback(batch.ok)
+            fut.add_errback(batch.err)
+
+    def _count_sent(self, messages: list) -> None:
+        counts: collections.Counter = collections.Counter()
+        for topic, _, value in messages:
+            counts[topic] += _records_in(value)
+        for topic, c in counts.items():
+            self.metrics.sent.labels(topic).inc(c)
+            self.sent_total += c
+        self.metrics.last_send.set(time.time())
+
+    def _enqueue(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        if batch.done:
+            return
+        if self.mode == DIRECT and self.producer is not None:
+            self._send(batch)
+        else:
+            self._spill_one(batch)
+
+    def _spill_one(self, batch: Batch) -> None:
+        self.buffer.append(batch.messages)
+        batch.done = True
+        self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+
+    def _spill_all(self, why: str) -> None:
+        """Kafka is failing: move every unfinished batch, in order, to the disk buffer."""
+        n = 0
+        for b in self.batches:
+            if not b.done:
+                self._spill_one(b)
+                n += 1
+        if self.mode != SPILL:
+            log.warning("event=kafka_unavailable reason=%s action=spill_to_disk batches=%d "
+                        "buffer_bytes=%d", why, n, self.buffer.pending_bytes)
+        self.mode = SPILL
+        self.next_attempt = self.clock() + self.backoff_s
+
+    def _collect(self) -> None:
+        """Retire finished batches from the head; the newest retired snapshot is safe."""
+        while self.batches:
+            head = self.batches[0]
+            if not head.done:
+                if not head.resolved:
+                    if self.clock() - head.sent_at > self.opts.stall_s:
+                        self._spill_all("no_ack_within_stall_s")
+                    return
+                if head.errors:
+                    self._spill_all(type(head.errors[0]).__name__)
+                    continue
+                head.done = True
+                self._count_sent(head.messages)
+            self.batches.popleft()
+            if head.snapshot is not None:
+                self.committed = head.snapshot
+                self.ckpt_dirty = True
+
+    def _drain(self) -> None:
+        """In spill mode: send the buffer's batches in order, backing off on failure."""
+        if self.mode != SPILL:
+            return
+        now = self.clock()
+        if self.drain is not None:
+            if not self.drain.resolved:
+                if now - self.drain.sent_at > self.opts.stall_s * 3:
+                    self.drain.errors.append(TimeoutError("drain batch not acknowledged"))
+                else:
+                    return
+            if self.drain.errors:
+                log.warning("event=buffer_drain_failed error=%s retry_in_s=%.1f",
+                            type(self.drain.errors[0]).__name__, self.backoff_s)
+                self.next_attempt = now + self.backoff_s
+                self.backoff_s = min(self.backoff_s * 2, 30.0)
+                self.drain = None
+                return
+            self._count_sent(self.drain.messages)
+            self.buffer.advance()
+            self.drain = None
+            self.backoff_s = 0.5
+            self.ckpt_dirty = True
+            self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+        if now < self.next_attempt:
+            return
+        if not self._connect():
+            self.next_attempt = now + self.backoff_s
+            self.backoff_s = min(self.backoff_s * 2, 30.0)
+            return
+        msgs = self.buffer.peek()
+        if msgs is None:
+            if self.mode == SPILL:
+                log.info("event=kafka_recovered action=direct_send")
+            self.mode = DIRECT
+            self.buffer_full_logged = False
+            return
+        self.drain = Batch(msgs, None)
+        self._send(self.drain)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def _checkpoint(self, force: bool = False) -> None:
+        now = self.clock()
+        due = self.ckpt_dirty and now - self.last_ckpt >= self.opts.checkpoint_interval_s
+        if not force and not due:
+            return
+        c = self.committed
+        if c is None:
+            c = {"acked": dict(self.acked), "window_from": dict(self.window_from),
+                 "inodes": {}, "prom": dict(self.prom_sent),
+                 "closed_before": self.initial_closed_before}
+            self.committed = c
+        state = {"version": 1, **c, "buffer": list(self.buffer.position)}
+        checkpoint.save(self.ckpt_path, state)
+        self.buffer.collect()
+        self.last_ckpt = now
+        self.ckpt_dirty = False
+        if self.opts.delete_acked:
+            self._delete_acked(c)
+
+    def _delete_acked(self, c: dict) -> None:
+        for path in list(self.spool.closed):
+            size = self.spool.sizes.get(path)
+            if size is None:
+                continue
+            if c["acked"].get(path, -1) >= size and c["window_from"].get(path, size) >= size:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    log.warning("event=delete_failed path=%s error=%s", path, e)
+                    continue
+                self.spool.forget(path)
+                self.open_first.pop(path, None)
+                for name in ("acked", "window_from", "inodes"):
+                    c[name].pop(path, None)
+                log.info("event=segment_deleted path=%s bytes=%d", path, size)
+
+    def _flush_idle(self, force: bool = False) -> list:
+        now = self.clock()
+        if not force and now - self.last_idle_check < 1.0:
+            return []
+        self.last_idle_check = now
+        out: list = []
+        for stream in list(self.stream_srcs):
+            srcs = self.stream_srcs[stream]
+            if force or all(now - self.last_seen.get(s, 0) >= self.opts.idle_flush_s
+                            for s in srcs):
+                closed = self.windower.flush(stream)
+                if closed:
+                    self._emit_windows(closed, out)
+                for s in srcs:
+                    self.open_first.pop(s, None)
+                    self.src_stream.pop(s, None)
+                # The windower keeps the stream's closing horizon, so a process that
+                # resumes cannot reopen (and re-emit) a flushed window.
+                del self.stream_srcs[stream]
+        return out
+
+    def _gauges(self) -> None:
+        self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
+        self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+        late = self.windower.late_total
+        if late > self.late_reported:
+            self.metrics.windows_late.inc(late - self.late_reported)
+            self.late_reported = late
+
+    def _progress(self) -> None:
+        now = self.clock()
+        if now - self.last_progress < 1.0 or not sys.stderr.isatty():
+            return
+        self.last_progress = now
+        sys.stderr.write(
+            f"\rread={self.read_total} sent={self.sent_total} quarantined={self.quarantined_total}"
+            f" behind={sum(t.bytes_behind() for _, t in self.sources)}B"
+            f" buffer={self.buffer.pending_bytes}B mode={self.mode}   ")
+        sys.stderr.flush()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def step(self) -> int:
+        """One loop iteration; how many lines were read (-1: reading was paused)."""
+        self._collect()
+        self._drain()
+        n = -1
+        inflight = sum(1 for b in self.batches if not b.done)
+        buffer_full = self.buffer.pending_bytes >= self.opts.buffer_max_bytes
+        if buffer_full and not self.buffer_full_logged:
+            log.error("event=buffer_full buffer_bytes=%d limit=%d action=pause_reading "
+                      "(nothing is dropped: the spool keeps the data until Kafka is back)",
+                      self.buffer.pending_bytes, self.opts.buffer_max_bytes)
+            self.buffer_full_logged = True
+        if not self.stopping and not buffer_full and inflight < self.opts.max_inflight_batches:
+            if self.mode == DIRECT and self.producer is None and not self._connect():
+                self.mode = SPILL
+                self.next_attempt = self.clock() + self.backoff_s
+            batch, n = self._read_batch()
+            idle = self._flush_idle()
+            if idle:
+                if batch is None:
+                    batch = Batch(idle, self._snapshot())
+                else:
+                    batch.messages.extend(idle)
+                    batch.snapshot = self._snapshot()
+                    batch.done = False
+            if batch is not None:
+                self._enqueue(batch)
+        self._collect()
+        self._checkpoint()
+        self._gauges()
+        self._progress()
+        return n
+
+    def _idle(self) -> bool:
+        return not any(not b.done for b in self.batches) and (self.mode == DIRECT or (
+            self.buffer.empty() and self.drain is None))
+
+    def run(self) -> int:
+        log.info("event=start node=%s spool=%s inspector_dirs=%d training_log=%s mode=%s",
+                 self.opts.node_id, self.opts.spool_dir, len(self.opts.inspector_dirs),
+                 bool(self.opts.training_log), self.mode)
+        try:
+            while not self.stopping:
+                n = self.step()
+                if self.opts.once and n == 0:
+                    # The input is complete: close every open window, then wait for acks.
+                    rest = self._flush_idle(force=True)
+                    if rest:
+                        self._enqueue(Batch(rest, self._snapshot()))
+                        continue
+                    if self._idle():
+                        break
+                if n <= 0:
+                    self._wait()
+            return self._shutdown()
+        finally:
+            self.close()
+
+    def _wait(self) -> None:
+        if self.producer is not None and any(not b.done for b in self.batches):
+            time.sleep(0.005)
+        else:
+            time.sleep(self.opts.poll_interval_s)
+
+    def _shutdown(self) -> int:
+        deadline = time.monotonic() + self.opts.shutdown_timeout_s
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                self.producer.flush(timeout=max(0.1, self.opts.shutdown_timeout_s / 2))
+        while time.monotonic() < deadline:
+            self._collect()
+            if not any(not b.done for b in self.batches):
+                break
+            time.sleep(0.01)
+        if any(not b.done for b in self.batches):
+            self._spill_all("shutdown_before_ack")
+            self._collect()
+        self._checkpoint(force=True)
+        log.info("event=stop read=%d sent=%d quarantined=%d buffer_bytes=%d",
+                 self.read_total, self.sent_total, self.quarantined_total,
+                 self.buffer.pending_bytes)
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")
+        return 0
+
+    def close(self) -> None:
+        for _, t in self.sources:
+            t.close()
+        if self.quarantine_fd is not None:
+            os.close(self.quarantine_fd)
+            self.quarantine_fd = None
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                self.producer.close(timeout=2)
+            self.producer = None
+
+
+# -- CLI ---------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spool", help="plugin spool directory (default: config ingest.spool_dir)")
+    p.add_argument("--inspector-dir", action="append", default=[],
+                   help="NCCL Inspector dump directory (JSON *.log and *.prom); repeatable")
+    p.add_argument("--training-log", help="training log to parse throughput from")
+    p.add_argument("--once", action="store_true",
+                   help="drain what is there, close all windows, wait for Kafka, exit 0")
+    p.add_argument("--delete-acked", action=argparse.BooleanOptionalAction, default=True,
+                   help="delete closed spool segments once acknowledged (default: on)")
+    p.add_argument("--state-dir", help="checkpoint and buffer directory (default: config)")
+    p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: hostname)")
+    p.add_argument("--job", default="", help="job id for Inspector and training-log records")
+    p.add_argument("--ops-per-message", type=int, default=1,
+                   help="pack up to N op records of one communicator into one Kafka message "
+                        "(newline-separated JSON lines; default 1)")
+    p.add_argument("--batch-size", type=int, help="lines per batch (default: config)")
+    p.add_argument("--compression", help="none, gzip, lz4, ... (default: config)")
+    p.add_argument("--metrics-port", type=int,
+                   help="Prometheus port (default: config; 0 = any free port; -1 = off)")
+    p.add_argument("--quarantine-file", default="", help="default: <state>/<node>/quarantine.jsonl")
+
+
+def options_from(args: argparse.Namespace, cfg: Config) -> Options:
+    ing = cfg.ingest
+    dirs = list(args.inspector_dir or [])
+    dirs += [d.strip() for d in ing.inspector_dirs.split(",") if d.strip()]
+    return Options(
+        spool_dir=args.spool or ing.spool_dir,
+        state_dir=args.state_dir or ing.state_dir,
+        node_id=args.node_id,
+        inspector_dirs=dirs,
+        training_log=args.training_log or ing.training_log,
+        job=args.job,
+        once=args.once,
+        delete_acked=args.delete_acked,
+        ops_per_message=max(1, args.ops_per_message),
+        window_s=ing.window_s,
+        batch_size=args.batch_size or ing.batch_size,
+        linger_ms=ing.linger_ms,
+        compression=args.compression or ing.compression,
+        buffer_max_bytes=ing.buffer_max_bytes,
+        throughput_regex=ing.throughput_regex,
+        quarantine_file=args.quarantine_file,
+    )
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    opts = options_from(args, cfg)
+    metrics = ForwarderMetrics()
+    port = cfg.ingest.metrics_port if args.metrics_port is None else args.metrics_port
+    if port >= 0:
+        from prometheus_client import start_http_server
+
+        server, _ = start_http_server(port, addr=cfg.ingest.metrics_addr,
+                                      registry=metrics.registry)
+        log.info("event=metrics_listening addr=%s port=%d", cfg.ingest.metrics_addr,
+                 server.server_port)
+    fwd = Forwarder(cfg, opts, metrics=metrics)
+    signal.signal(signal.SIGTERM, fwd.stop)
+    signal.signal(signal.SIGINT, fwd.stop)
+    return fwd.run()

@@ -1,0 +1,104 @@
+"""Sink: Kafka through kafka-python, acks=all, topics created when absent.
+
+Connection settings come from ``config.kafka.client_kwargs()`` and are never logged: only
+how many bootstrap hosts there are and the security protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from ncclwatch.config import KafkaConfig, TopicsConfig
+
+log = logging.getLogger(__name__)
+
+CODECS = ("none", "gzip", "lz4", "zstd", "snappy")
+
+
+def available_codecs() -> list[str]:
+    """Compression codecs kafka-python can use with the libraries installed here."""
+    from kafka import codec
+
+    out = ["none", "gzip"]
+    if codec.has_lz4():
+        out.append("lz4")
+    if codec.has_zstd():
+        out.append("zstd")
+    if codec.has_snappy():
+        out.append("snappy")
+    return out
+
+
+def describe(kafka: KafkaConfig) -> str:
+    """What may be logged about the connection (no host names, no credentials)."""
+    n = len([h for h in kafka.bootstrap_servers.split(",") if h.strip()])
+    return f"bootstrap_hosts={n} security_protocol={kafka.security_protocol}"
+
+
+def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,
+                  linger_ms: int, request_timeout_ms: int = 10_000,
+                  delivery_timeout_ms: int = 30_000) -> Any:
+    from kafka import KafkaProducer
+
+    if compression not in CODECS:
+        raise ValueError(f"compression {compression!r} is not one of {CODECS}")
+    if compression not in available_codecs():
+        raise ValueError(f"compression {compression!r} needs a library that is not installed "
+                         f"(available here: {', '.join(available_codecs())})")
+    return KafkaProducer(
+        **kafka.client_kwargs(),
+        acks="all",
+        compression_type=None if compression == "none" else compression,
+        batch_size=batch_size_bytes,
+        linger_ms=linger_ms,
+        # One request in flight per connection keeps each partition in send order even
+        # across retries, without relying on the idempotent producer's epoch handling.
+        enable_idempotence=False,
+        max_in_flight_requests_per_connection=1,
+        retries=2**31,
+        request_timeout_ms=request_timeout_ms,
+        delivery_timeout_ms=max(delivery_timeout_ms, request_timeout_ms + linger_ms),
+        max_block_ms=5_000,
+        max_request_size=16 << 20,
+        reconnect_backoff_max_ms=2_000,
+        allow_auto_create_topics=False,
+    )
+
+
+def ensure_topics(kafka: KafkaConfig, topics: TopicsConfig, names: list[str],
+                  timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; returns the ones created."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    try:
+        existing = set(admin.list_topics())
+        missing = [n for n in dict.fromkeys(names) if n not in existing]
+        if not missing:
+            return []
+        new = [NewTopic(n, num_partitions=topics.partitions,
+                        replication_factor=topics.replication_factor,
+                        topic_configs={"retention.ms": str(topics.retention_ms)})
+               for n in missing]
+        with contextlib.suppress(TopicAlreadyExistsError):  # another forwarder won the race
+            admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
+        # Producing before every partition has a leader only burns the send timeout.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            described = admin.describe_topics(missing)
+            ready = [t for t in described if t.get("error_code", 0) == 0
+                     and t.get("partitions")
+                     and all(p.get("leader", p.get("leader_id", -1)) >= 0
+                             for p in t["partitions"])]
+            if len(ready) == len(missing):
+                break
+            time.sleep(0.1)
+        log.info("event=topics_created topics=%s partitions=%d", ",".join(missing),
+                 topics.partitions)
+        return missing
+    finally:
+        admin.close()

@@ -1,0 +1,43 @@
+"""The forwarder's own Prometheus metrics, in a registry of its own (tests make fresh ones)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class ForwarderMetrics:
+    """Counters and gauges of one forwarder; label values stay a small closed set
+    except ``ncclwatch_plugin_dropped_total``'s job and host, bounded by the node's jobs."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.read = Counter("ncclwatch_forwarder_records_read_total",
+                            "Lines read from sources", ["source"], registry=r)
+        self.sent = Counter("ncclwatch_forwarder_records_sent_total",
+                            "Records acknowledged by Kafka", ["topic"], registry=r)
+        self.quarantined = Counter("ncclwatch_forwarder_records_quarantined_total",
+                                   "Lines that failed parsing or validation",
+                                   ["stage", "reason"], registry=r)
+        self.bytes_behind = Gauge("ncclwatch_forwarder_bytes_behind",
+                                  "Bytes written to source files but not read yet", registry=r)
+        self.buffer_bytes = Gauge("ncclwatch_forwarder_buffer_bytes",
+                                  "Bytes waiting in the on-disk buffer for Kafka", registry=r)
+        self.last_send = Gauge("ncclwatch_forwarder_last_send_timestamp_seconds",
+                               "When Kafka last acknowledged a batch (Unix time)", registry=r)
+        self.plugin_dropped = Counter("ncclwatch_plugin_dropped_total",
+                                      "Ops the profiler plugin could not record",
+                                      ["job", "host", "reason"], registry=r)
+        self.windows_late = Counter("ncclwatch_forwarder_window_late_ops_total",
+                                    "Ops that arrived after their window had closed",
+                                    registry=r)
+        # (job, host, pid, reason) -> highest cumulative drop count seen; drop and
+        # plugin_stats records both carry cumulative totals, so take deltas of the max.
+        self._drop_totals: dict[tuple[str, str, int, str], int] = {}
+
+    def plugin_drops(self, job: str, host: str, pid: int, reason: str, total: int) -> None:
+        key = (job, host, pid, reason)
+        last = self._drop_totals.get(key, 0)
+        if total > last:
+            self._drop_totals[key] = total
+            self.plugin_dropped.labels(job, host, reason).inc(total - last)
