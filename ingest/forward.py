@@ -77,6 +77,7 @@ class Options:
     prom_poll_s: float = 2.0
     prom_settle_s: float = 1.0
     prom_interval_s: float = 30.0
+    inspector_lateness_s: float = 10.0
     shutdown_timeout_s: float = 15.0
     throughput_regex: str = ""
     quarantine_file: str = ""
@@ -137,11 +138,18 @@ class Forwarder:
             p: a for p, a in self.acked.items() if self.window_from.get(p, a) < a
         }
 
-        self.windower = Windower(opts.window_s)
+        # Spool ops arrive in about completion order; Inspector dumps come per
+        # communicator, so its windows wait longer for stragglers.
+        self.windowers = {
+            "spool": Windower(opts.window_s),
+            "inspector": Windower(opts.window_s,
+                                  lateness_s=max(opts.window_s, opts.inspector_lateness_s)),
+        }
         self.window_ns = int(round(opts.window_s * 1e9))
         self.open_first: dict[str, dict[int, int]] = {}  # source -> window start -> 1st offset
-        self.src_stream: dict[str, tuple[str, str, int]] = {}
-        self.stream_srcs: dict[tuple[str, str, int], set[str]] = collections.defaultdict(set)
+        # (windower name, (job, host, pid)) <-> sources holding that process's ops
+        self.src_stream: dict[str, tuple[str, tuple[str, str, int]]] = {}
+        self.stream_srcs: dict[tuple, set[str]] = collections.defaultdict(set)
         self.last_seen: dict[str, float] = {}
 
         self.sources: list[tuple[str, Tailer]] = []
@@ -193,8 +201,8 @@ class Forwarder:
         self.committed: dict | None = None
         self.late_reported = 0
         self.initial_closed_before = state.get("closed_before", [])
-        for job, host, pid, before in self.initial_closed_before:
-            self.windower.resume((job, host, pid), before)
+        for wname, job, host, pid, before in self.initial_closed_before:
+            self.windowers[wname].resume((job, host, pid), before)
         if opts.once:
             opts.prom_settle_s = 0.0  # the input is complete: nothing is being written
 
@@ -230,34 +238,36 @@ class Forwarder:
         for src, starts in self.open_first.items():
             if starts:
                 window_from[src] = min(starts.values())
-        closed = [[*s, t] for s, t in self.windower.closed_before_all().items()]
+        closed = [[wname, *s, t] for wname, w in self.windowers.items()
+                  for s, t in w.closed_before_all().items()]
         return {"acked": positions, "window_from": window_from, "inodes": inodes,
                 "prom": dict(self.prom_sent), "closed_before": closed}
 
-    def _window_op(self, rec: Any, src: str, off: int, starts: dict[int, int], out: list) -> None:
+    def _window_op(self, wname: str, rec: Any, src: str, off: int, starts: dict[int, int],
+                   out: list) -> None:
         end = rec.start_ns + rec.exec_ns
         ws = end - end % self.window_ns
         if ws not in starts:
             starts[ws] = off
             if src not in self.src_stream:
-                stream = (rec.job, rec.host, rec.pid)
-                self.src_stream[src] = stream
-                self.stream_srcs[stream].add(src)
-        closed = self.windower.add(rec)
+                key = (wname, (rec.job, rec.host, rec.pid))
+                self.src_stream[src] = key
+                self.stream_srcs[key].add(src)
+        closed = self.windowers[wname].add(rec)
         if closed:
             self._emit_windows(closed, out)
-            self._prune((rec.job, rec.host, rec.pid))
+            self._prune((wname, (rec.job, rec.host, rec.pid)))
 
     def _emit_windows(self, closed: list, out: list) -> None:
         wt = self.topics.windows
         for s in closed:
             out.append((wt, s.job.encode(), to_json(s).encode()))
 
-    def _prune(self, stream: tuple[str, str, int]) -> None:
-        before = self.windower.closed_before_ns(stream)
+    def _prune(self, key: tuple) -> None:
+        before = self.windowers[key[0]].closed_before_ns(key[1])
         if before is None:
             return
-        for src in self.stream_srcs.get(stream, ()):
+        for src in self.stream_srcs.get(key, ()):
             starts = self.open_first.get(src)
             if starts:
                 for ws in [ws for ws in starts if ws < before]:
@@ -295,7 +305,7 @@ class Forwarder:
                 kind = rec.KIND
                 send = nxt > floor
                 if kind == "op":
-                    self._window_op(rec, src, off, starts, out)
+                    self._window_op("spool", rec, src, off, starts, out)
                     if send:
                         key = f"{rec.job}|{rec.comm}"
                         group = ops.get(key)
@@ -362,7 +372,7 @@ class Forwarder:
                             stage = "size"
                         self._quarantine(quarantine(e, line.raw, src, line.offset, stage), out)
                     continue
-                self._window_op(rec, src, line.offset, starts, out)
+                self._window_op("inspector", rec, src, line.offset, starts, out)
                 if send:
                     ops.setdefault(f"{rec.job}|{rec.comm}", []).append(to_json(rec).encode())
             if chunk.next_offset >= floor:
@@ -616,11 +626,11 @@ class Forwarder:
             return []
         self.last_idle_check = now
         out: list = []
-        for stream in list(self.stream_srcs):
-            srcs = self.stream_srcs[stream]
+        for key in list(self.stream_srcs):
+            srcs = self.stream_srcs[key]
             if force or all(now - self.last_seen.get(s, 0) >= self.opts.idle_flush_s
                             for s in srcs):
-                closed = self.windower.flush(stream)
+                closed = self.windowers[key[0]].flush(key[1])
                 if closed:
                     self._emit_windows(closed, out)
                 for s in srcs:
@@ -628,13 +638,13 @@ class Forwarder:
                     self.src_stream.pop(s, None)
                 # The windower keeps the stream's closing horizon, so a process that
                 # resumes cannot reopen (and re-emit) a flushed window.
-                del self.stream_srcs[stream]
+                del self.stream_srcs[key]
         return out
 
     def _gauges(self) -> None:
         self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
         self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
-        late = self.windower.late_total
+        late = sum(w.late_total for w in self.windowers.values())
         if late > self.late_reported:
             self.metrics.windows_late.inc(late - self.late_reported)
             self.late_reported = late

@@ -4,13 +4,14 @@ Windows are ``[start, start + window)`` with ``start`` a multiple of the window 
 (epoch-aligned), and an op belongs to the window holding its *end* time
 (``start_ns + exec_ns``): an op is known only once it finished.
 
-Closing rule (stream time, one window of lateness): each process, identified by
-``(job, host, pid)``, has its own stream time, the largest op end seen from it. Window
+Closing rule (stream time, one window of lateness by default): each process, identified
+by ``(job, host, pid)``, has its own stream time, the largest op end seen from it. Window
 ``[s, s + w)`` of that process closes when an op arrives whose end is ``>= s + 2w``,
-that is one full window after the window's end. Ops of one process reach the spool in
-about completion order, so a window of slack absorbs the usual reordering between its
-communicators; the clocks of different processes never close each other's windows, so a
-forwarder reading one file ahead of another cannot cut a window short. An op that
+that is one full window after the window's end (``lateness_s`` changes that slack).
+Ops of one process reach the spool in about completion order, so a window of slack
+absorbs the usual reordering between its communicators; the clocks of different
+processes never close each other's windows, so a forwarder reading one file ahead of
+another cannot cut a window short. An op that
 arrives for an already closed window is *late*: it is counted in ``late_total`` and left
 out of every window (its raw op record is still forwarded), so no window is ever
 emitted twice with different contents.
@@ -131,6 +132,10 @@ class Windower:
     ----------
     window_s
         Window length in seconds (> 0). Windows are aligned to multiples of it.
+    lateness_s
+        How long after its end a window waits for stragglers, in stream time (default:
+        one window). Sources whose records arrive in coarse batches (NCCL Inspector dumps
+        per communicator) need more.
 
     The window key is ``(job, comm, op, size_bucket, transport, rank)``; ``host``,
     ``comm_name`` and ``nranks`` are taken from the window's first op. Closed windows
@@ -142,16 +147,21 @@ class Windower:
     See the module docstring.
     """
 
-    def __init__(self, window_s: float):
+    def __init__(self, window_s: float, lateness_s: float | None = None):
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+        if lateness_s is not None and not (lateness_s >= 0 and math.isfinite(lateness_s)):
+            raise ValueError(f"lateness_s must be a number of seconds >= 0, got {lateness_s!r}")
         self.window_s = window_s
+        self.lateness_s = lateness_s
         self._reset()
 
     def _reset(self) -> None:
         self._window_ns = int(round(self.window_s * 1e9))
         if self._window_ns <= 0:
             raise ValueError(f"window_s {self.window_s!r} is below one nanosecond")
+        self._lateness_ns = (self._window_ns if self.lateness_s is None
+                             else int(round(self.lateness_s * 1e9)))
         self._streams: dict[Stream, _StreamState] = {}
         self._buckets: dict[int, str] = {}
         self.late_total = 0
@@ -194,8 +204,9 @@ class Windower:
         if end <= st.max_end_ns:
             return []
         st.max_end_ns = end
-        # [s, s + w) closes once end >= s + 2w, i.e. for every s < start - w.
-        closed_before = start - w
+        # [s, s + w) closes once end >= s + w + lateness: for every s below this.
+        lag = end - self._lateness_ns
+        closed_before = lag - lag % w
         if closed_before <= st.closed_before_ns:
             return []
         st.closed_before_ns = closed_before
