@@ -1,0 +1,240 @@
+"""Helpers for tests that need the real local services started by ``scripts/services.sh``.
+
+Kafka (KRaft, one broker), Prometheus, Alertmanager and node-exporter run on 127.0.0.1 on
+free ports; their endpoints are recorded in ``<state>/endpoints.env`` where ``<state>`` is
+``$NCCLWATCH_STATE_DIR`` or ``<repo>/var/services``.  In pytest, use the fixtures from
+``tests/conftest.py`` (``services``, ``kafka_bootstrap``, ``prometheus_url``, ...); outside
+pytest call :func:`ensure_started`.
+
+>>> parse_env_file_text("# c\\nA=1\\nB=x=y\\n")
+{'A': '1', 'B': 'x=y'}
+>>> unique_name("t").startswith("t-")
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SERVICE_NAMES = ("kafka", "prometheus", "alertmanager", "node-exporter")
+
+
+def repo_root() -> Path:
+    """The checkout this module lives in (``ncclwatch/`` is a top-level directory)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def services_script() -> Path:
+    return repo_root() / "scripts" / "services.sh"
+
+
+def state_dir() -> Path:
+    env = os.environ.get("NCCLWATCH_STATE_DIR")
+    return Path(env) if env else repo_root() / "var" / "services"
+
+
+def endpoints_file() -> Path:
+    return state_dir() / "endpoints.env"
+
+
+def parse_env_file_text(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines; blank lines and ``#`` comments are ignored."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Services:
+    """Endpoints of the local test services (see ``scripts/services.sh``)."""
+
+    kafka_bootstrap: str  # "127.0.0.1:PORT"
+    prometheus_url: str  # "http://127.0.0.1:PORT"
+    alertmanager_url: str
+    node_exporter_url: str
+    textfile_dir: Path  # node-exporter textfile collector dir: write *.prom files here
+    state_dir: Path
+    prometheus_targets_file: Path  # file_sd JSON, job "ncclwatch"; rewrite to add targets
+    prometheus_rules_dir: Path  # *.yml rule files; POST /-/reload after changing
+    alertmanager_config_file: Path  # replace and POST /-/reload
+
+    @classmethod
+    def from_env_file(cls, path: Path | None = None) -> Services:
+        path = path or endpoints_file()
+        env = parse_env_file_text(path.read_text())
+        state = Path(env.get("NCCLWATCH_STATE_DIR", str(path.parent)))
+        try:
+            return cls(
+                kafka_bootstrap=env["NCCLWATCH_KAFKA_BOOTSTRAP"],
+                prometheus_url=env["NCCLWATCH_PROMETHEUS_URL"],
+                alertmanager_url=env["NCCLWATCH_ALERTMANAGER_URL"],
+                node_exporter_url=env["NCCLWATCH_NODE_EXPORTER_URL"],
+                textfile_dir=Path(env["NCCLWATCH_TEXTFILE_DIR"]),
+                state_dir=state,
+                prometheus_targets_file=Path(
+                    env.get("NCCLWATCH_PROMETHEUS_TARGETS_FILE", state / "prometheus/targets.json")
+                ),
+                prometheus_rules_dir=Path(
+                    env.get("NCCLWATCH_PROMETHEUS_RULES_DIR", state / "prometheus/rules")
+                ),
+                alertmanager_config_file=Path(
+                    env.get(
+                        "NCCLWATCH_ALERTMANAGER_CONFIG", state / "alertmanager/alertmanager.yml"
+                    )
+                ),
+            )
+        except KeyError as e:
+            raise RuntimeError(f"{path} lacks {e.args[0]}: run scripts/services.sh start") from e
+
+
+class ServicesError(RuntimeError):
+    """``scripts/services.sh`` failed; the message carries its output (with the log tail)."""
+
+
+def run_services(command: str, *names: str, timeout: float = 600) -> str:
+    """Run ``scripts/services.sh COMMAND NAMES...``; raise :class:`ServicesError` on failure."""
+    args = ["bash", str(services_script()), command, *names]
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if proc.returncode != 0:
+        raise ServicesError(
+            f"{' '.join(args)} exited {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def is_running(*names: str) -> bool:
+    """True iff all named services (default: all) are running."""
+    args = ["bash", str(services_script()), "status", *(names or ("all",))]
+    proc = subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return proc.returncode == 0
+
+
+def ensure_started(*names: str) -> Services:
+    """Start the named services (default: all) unless already running; return the endpoints.
+
+    ``services.sh start`` is idempotent and waits until every service is really ready.
+    """
+    names = names or ("all",)
+    if not (is_running(*names) and endpoints_file().exists()):
+        run_services("start", *names)
+    return Services.from_env_file()
+
+
+def stop_service(name: str) -> None:
+    """Stop one service (``kafka``, ...) cleanly; its data dir and port are kept."""
+    run_services("stop", name)
+
+
+def start_service(name: str) -> Services:
+    """(Re)start one service on its recorded port and wait until it is ready."""
+    run_services("start", name)
+    return Services.from_env_file()
+
+
+def log_tail(name: str, lines: int = 60) -> str:
+    """The last lines of a service's log (for assertion messages)."""
+    path = state_dir() / name / f"{name}.log"
+    if not path.exists():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def unique_name(prefix: str) -> str:
+    """``prefix-<10 hex chars>``: a fresh topic/group/alert name per test."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def kafka_create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    *,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Create a topic (replication factor 1) and wait until every partition has a leader."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="ncclwatch-testing")
+    try:
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topics(
+                [NewTopic(name, partitions, 1, topic_configs=config or {})],
+                timeout_ms=int(timeout * 1000),
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            described = admin.describe_topics([name])
+            ready = [
+                t
+                for t in described
+                if t.get("name") == name
+                and t.get("error_code", 0) == 0
+                and len(t.get("partitions", [])) == partitions
+                and all(p.get("leader_id", p.get("leader", -1)) >= 0 for p in t["partitions"])
+            ]
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name} not ready after {timeout}s: {described}")
+            time.sleep(0.1)
+    finally:
+        admin.close()
+
+
+def http_json(url: str, data: Any = None, method: str | None = None, timeout: float = 10) -> Any:
+    """GET (or POST ``data`` as JSON) and decode the JSON answer (``None`` when empty)."""
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw.strip() else None
+
+
+def prometheus_query(prometheus_url: str, query: str) -> list[dict[str, Any]]:
+    """Instant query; returns ``data.result`` (vector samples with ``metric`` and ``value``)."""
+    url = f"{prometheus_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    answer = http_json(url)
+    if answer.get("status") != "success":
+        raise RuntimeError(f"prometheus query {query!r} failed: {answer}")
+    return answer["data"]["result"]
+
+
+def wait_prometheus(
+    prometheus_url: str, query: str, timeout: float = 15.0, interval: float = 0.25
+) -> list[dict[str, Any]]:
+    """Poll an instant query until it returns a non-empty result; raise on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = prometheus_query(prometheus_url, query)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"prometheus query {query!r} still empty after {timeout}s")
+        time.sleep(interval)
+
+
+def reload(url: str) -> None:
+    """POST ``/-/reload`` to Prometheus or Alertmanager (after changing config/rules)."""
+    urllib.request.urlopen(urllib.request.Request(f"{url}/-/reload", method="POST"), timeout=30)
