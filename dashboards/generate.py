@@ -8,7 +8,7 @@ Three dashboards, provisioned from ``dashboards/provisioning``:
   Inspector's own metrics from node-exporter's textfile collector.
 - ``ncclwatch-comm``: communicator drill-down. Bus bandwidth per op and size bucket
   against the learned baseline band, execution-time quantiles from the histogram, and a
-  per-rank heatmap of the straggler score.
+  per-rank heatmap of relative exec time, where a straggler shows as the rank below 1.
 - ``ncclwatch-pipeline``: pipeline health. Plugin drops, forwarder lag and buffer, worker
   lag, records per second.
 
@@ -61,6 +61,9 @@ KEY = JOB + ', comm=~"$comm", op=~"$op", transport=~"$transport"'
 # ncclwatch_exec_seconds is labelled {job, op, transport} only: a histogram per
 # communicator would multiply the series by the bucket count.
 EXEC = JOB + ', op=~"$op", transport=~"$transport"'
+# Anomalies that span several communicators (or ops, transports) have those labels empty:
+# a drill-down into one communicator still shows them.
+ANOMALY = JOB + ', comm=~"$comm|", op=~"$op|", transport=~"$transport|"'
 # NCCL Inspector's files label the job `slurm_job_id` and have no transport label: its
 # dashboards split single-node (NVLink-only) from multi-node by `n_nodes`.
 INSPECTOR = 'cluster=~"$cluster", slurm_job_id=~"$job"'
@@ -219,7 +222,7 @@ def job_dashboard() -> dict[str, Any]:
         row("Anomalies"),
         table(
             "Active anomalies",
-            target(f"ncclwatch_anomaly_active{{{JOB}}} > 0", ref="A", instant=True, fmt="table"),
+            target(f"ncclwatch_anomaly_active{{{ANOMALY}}} > 0", instant=True, fmt="table"),
             w=16,
             hide=("Time", "__name__", "instance", "cluster", "Value"),
             links=[comm_link()],
@@ -300,7 +303,7 @@ def job_dashboard() -> dict[str, Any]:
         "Is communication degraded, where, and does it cost the job throughput?",
         panels,
         key_vars(),
-        annotations=[anomaly_annotation(JOB)],
+        annotations=[anomaly_annotation(ANOMALY)],
     )
 
 
@@ -370,8 +373,9 @@ def comm_dashboard() -> dict[str, Any]:
         {
             "type": "heatmap",
             "title": "Per-rank relative exec time (straggler score)",
-            "description": "Each row is a rank: its execution time over the communicator's median. "
-            "A rank that stays hot is a straggler: everyone else waits for it.",
+            "description": "Each row is a rank: its kernel time over the median of the other "
+            "ranks'. The rank everyone waits for arrives late and spends the least time in the "
+            "kernel: a row that stays red (below 1) is a straggler; the others sit at about 1.",
             "datasource": DS,
             "targets": [
                 target(f"max by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}})", "{{rank}}")
@@ -388,12 +392,12 @@ def comm_dashboard() -> dict[str, Any]:
                 "cellValues": {"unit": "percentunit"},
                 "color": {
                     "mode": "scheme",
-                    "scheme": "RdYlGn",
-                    "reverse": True,
+                    "scheme": "RdBu",  # low (a straggler) red, 1 neutral, waiting ranks blue
+                    "reverse": False,
                     "fill": "dark",
                     "exponent": 0.5,
                     "steps": 64,
-                    "min": 0.8,
+                    "min": 0.5,
                     "max": 1.5,
                 },
                 "rowsFrame": {"layout": "auto"},
@@ -407,11 +411,11 @@ def comm_dashboard() -> dict[str, Any]:
         },
         {
             "type": "bargauge",
-            "title": "Slowest ranks now",
+            "title": "Straggler candidates now (lowest relative exec)",
             "datasource": DS,
             "targets": [
                 target(
-                    f"topk(8, max by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}}))",
+                    f"bottomk(8, min by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}}))",
                     "rank {{rank}}",
                     instant=True,
                 )
@@ -422,7 +426,7 @@ def comm_dashboard() -> dict[str, Any]:
                     "min": 0,
                     "max": 2,
                     "thresholds": thresholds(
-                        (None, "green"), (1 + DetectorConfig().straggler_score, "red")
+                        (None, "red"), (1 - DetectorConfig().straggler_score, "green")
                     ),
                 },
                 "overrides": [],
@@ -436,8 +440,8 @@ def comm_dashboard() -> dict[str, Any]:
             "_size": (8, 10),
         },
         table(
-            "Active anomalies on this communicator",
-            target(f"ncclwatch_anomaly_active{{{KEY}}} > 0", instant=True, fmt="table"),
+            "Active anomalies on this communicator (or spanning several)",
+            target(f"ncclwatch_anomaly_active{{{ANOMALY}}} > 0", instant=True, fmt="table"),
             w=24,
             h=6,
             hide=("Time", "__name__", "instance", "cluster", "Value"),
@@ -450,7 +454,7 @@ def comm_dashboard() -> dict[str, Any]:
         "exec-time quantiles, and which rank is slow.",
         panels,
         key_vars(comm_multi=False),
-        annotations=[anomaly_annotation(KEY)],
+        annotations=[anomaly_annotation(ANOMALY)],
     )
 
 

@@ -1,0 +1,269 @@
+"""A synthetic recording to see the dashboards and reports without a GPU.
+
+    python -m ncclwatch.dashboards.demo --out var/spool
+    ncclwatch watch var/spool --speed 5    # or: docker compose up, whose forwarder reads it
+
+Writes a spool directory the way the plugin and ``report_throughput`` write one: a job of
+2 nodes × 2 GPUs with a tensor-parallel communicator per node (``nvlink``), a
+data-parallel one per rail (``net``) and one over all four ranks (``mixed``). Two faults
+are injected and returned as labels, in the ``labels.json`` shape the scenario recorder
+writes: a straggler rank (it arrives late, so the others wait for it inside every
+collective), then a degraded network path (network and mixed communicators lose
+bandwidth, and the job 13 % of its throughput, as in NVIDIA's Inspector experiment).
+
+>>> import tempfile
+>>> with tempfile.TemporaryDirectory() as d:
+...     labels = write_demo_spool(Path(d), seconds=20, straggler_s=(5, 10), network_s=(12, 18))
+...     n = sum(1 for p in Path(d).rglob("*.jsonl") for _ in p.open())
+>>> [f["type"] for f in labels["faults"]], n
+(['straggler', 'network_path'], 985)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncclwatch.records import DropRecord, OpRecord, PluginStats, ThroughputRecord, to_json
+from ncclwatch.rules import (
+    NETWORK_TRANSPORTS,
+    bandwidths_gbs,
+    message_bytes,
+    record_id,
+    transport_class,
+)
+
+HOSTS = ("node-a", "node-b")
+GPUS_PER_NODE = 2
+OPS_PER_S = 4
+
+
+@dataclass(frozen=True)
+class Comm:
+    comm: str  # hash as the plugin writes it
+    name: str
+    members: tuple[int, ...]  # global ranks, in communicator rank order
+    op: str
+    count: int  # float32 elements
+    speed_gbs: float  # healthy bus bandwidth
+
+
+def topology() -> list[Comm]:
+    world = tuple(range(len(HOSTS) * GPUS_PER_NODE))
+    comms = [
+        Comm(
+            f"0x00000000000000b{n}",
+            "tp",
+            tuple(n * GPUS_PER_NODE + g for g in range(GPUS_PER_NODE)),
+            "AllReduce",
+            256 << 10,
+            160.0,
+        )
+        for n in range(len(HOSTS))
+    ]
+    comms += [
+        Comm(
+            f"0x00000000000000a{g}",
+            "dp",
+            tuple(n * GPUS_PER_NODE + g for n in range(len(HOSTS))),
+            "AllReduce",
+            8 << 20,
+            22.0,
+        )
+        for g in range(GPUS_PER_NODE)
+    ]
+    comms.append(Comm("0x00000000000000c0", "world", world, "AllGather", 1 << 20, 30.0))
+    return comms
+
+
+def _exec_ns(op: str, nbytes: int, nranks: int, busbw_gbs: float) -> int:
+    """The kernel time that gives this bus bandwidth."""
+    _, bus_at_1ms = bandwidths_gbs(op, nbytes, nranks, 1_000_000)
+    return max(1, int(1_000_000 * bus_at_1ms / busbw_gbs))
+
+
+def write_demo_spool(
+    spool: Path,
+    *,
+    job: str = "demo-job",
+    seconds: int = 180,
+    t0_ns: int | None = None,
+    straggler_s: tuple[int, int] = (40, 70),
+    straggler_rank: int = 1,
+    straggler_delay: float = 0.6,
+    network_s: tuple[int, int] = (100, 150),
+    network_loss: float = 0.35,
+    seed: int = 7,
+) -> dict:
+    """Write the recording under ``spool/<job>/``; return its labels (``labels.json`` shape)."""
+    rnd = random.Random(seed)
+    t0_ns = t0_ns if t0_ns is not None else (time.time_ns() // 10**9 - seconds) * 10**9
+    comms = topology()
+    nranks_world = len(HOSTS) * GPUS_PER_NODE
+    out = spool / job
+    out.mkdir(parents=True, exist_ok=True)
+    lines: dict[int, list[str]] = {g: [] for g in range(nranks_world)}
+
+    def host_of(g: int) -> str:
+        return HOSTS[g // GPUS_PER_NODE]
+
+    def pid_of(g: int) -> int:
+        return 4000 + g
+
+    for g in range(nranks_world):
+        lines[g].append(
+            to_json(
+                PluginStats(
+                    job=job,
+                    host=host_of(g),
+                    pid=pid_of(g),
+                    gpu=f"GPU-{g}",
+                    ts_ns=t0_ns,
+                    recorded=0,
+                    dropped={},
+                    segment=0,
+                )
+            )
+        )
+    for s in range(seconds):
+        straggling = straggler_s[0] <= s < straggler_s[1]
+        degraded = network_s[0] <= s < network_s[1]
+        for k in range(OPS_PER_S):
+            seq = s * OPS_PER_S + k
+            for c_i, c in enumerate(comms):
+                nnodes = len({host_of(g) for g in c.members})
+                transport = transport_class(len(c.members), nnodes)
+                nbytes = message_bytes(c.count, "ncclFloat32")
+                speed = c.speed_gbs * (
+                    1 - network_loss if degraded and transport in NETWORK_TRANSPORTS else 1
+                )
+                base_ns = _exec_ns(c.op, nbytes, len(c.members), speed)
+                start = t0_ns + s * 10**9 + k * (10**9 // OPS_PER_S) + c_i * 20_000_000
+                late = straggling and straggler_rank in c.members
+                for rank, g in enumerate(c.members):
+                    exec_ns = int(base_ns * rnd.uniform(0.97, 1.03))
+                    start_ns = start
+                    if late and g == straggler_rank:
+                        start_ns += int(base_ns * straggler_delay)  # arrives late, waits least
+                    elif late:
+                        exec_ns += int(base_ns * straggler_delay)  # waits for the straggler
+                    algbw, busbw = bandwidths_gbs(c.op, nbytes, len(c.members), exec_ns)
+                    rec = OpRecord(
+                        id=record_id(job, host_of(g), pid_of(g), c.comm, rank, c.op, -1, seq),
+                        job=job,
+                        host=host_of(g),
+                        pid=pid_of(g),
+                        gpu=f"GPU-{g}",
+                        comm=c.comm,
+                        comm_name=c.name,
+                        rank=rank,
+                        nranks=len(c.members),
+                        nnodes=nnodes,
+                        local_ranks=-(-len(c.members) // nnodes),
+                        transport=transport,
+                        op=c.op,
+                        seq=seq,
+                        count=c.count,
+                        dtype="ncclFloat32",
+                        bytes=nbytes,
+                        peer=-1,
+                        algo="RING",
+                        proto="SIMPLE",
+                        channels=8,
+                        start_ns=start_ns,
+                        exec_ns=exec_ns,
+                        timing="kernel_gpu",
+                        algbw_gbs=algbw,
+                        busbw_gbs=busbw,
+                        graph=False,
+                    )
+                    lines[g].append(to_json(rec))
+        if s == seconds // 3:  # the plugin's ring overflowed once on one rank
+            lines[3].append(
+                to_json(
+                    DropRecord(
+                        job=job,
+                        host=host_of(3),
+                        pid=pid_of(3),
+                        gpu="GPU-3",
+                        rank=1,
+                        ts_ns=t0_ns + s * 10**9,
+                        reason="ring_full",
+                        count=12,
+                        total=12,
+                    )
+                )
+            )
+    for g, recs in lines.items():
+        (out / f"{host_of(g)}-GPU-{g}-{pid_of(g)}.000000.jsonl").write_text("\n".join(recs) + "\n")
+    tp = []
+    for s in range(seconds):
+        speed = 310.0
+        if network_s[0] <= s < network_s[1]:
+            speed *= 0.87
+        elif straggler_s[0] <= s < straggler_s[1]:
+            speed *= 0.93
+        tp.append(
+            to_json(
+                ThroughputRecord(
+                    job=job,
+                    host=HOSTS[0],
+                    rank=-1,
+                    ts_ns=t0_ns + (s + 1) * 10**9,
+                    step=s,
+                    tflops_per_gpu=round(speed * rnd.uniform(0.99, 1.01), 2),
+                    tokens_per_s=None,
+                    source="fixture",
+                )
+            )
+        )
+    (out / f"{HOSTS[0]}-throughput-{pid_of(0)}.000000.jsonl").write_text("\n".join(tp) + "\n")
+    return {
+        "scenario": "demo",
+        "job": job,
+        "faults": [
+            {
+                "type": "straggler",
+                "attribution": "straggler",
+                "global_rank": straggler_rank,
+                "start_ns": t0_ns + straggler_s[0] * 10**9,
+                "end_ns": t0_ns + straggler_s[1] * 10**9,
+            },
+            {
+                "type": "network_path",
+                "attribution": "network",
+                "loss": network_loss,
+                "start_ns": t0_ns + network_s[0] * 10**9,
+                "end_ns": t0_ns + network_s[1] * 10**9,
+            },
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path, help="spool directory to write into")
+    p.add_argument("--job", default="demo-job")
+    p.add_argument("--seconds", type=int, default=180)
+    p.add_argument("--labels", type=Path, help="also write the injected faults here (labels.json)")
+    args = p.parse_args(argv)
+    labels = write_demo_spool(
+        args.out,
+        job=args.job,
+        seconds=args.seconds,
+        straggler_s=(args.seconds * 2 // 9, args.seconds * 7 // 18),
+        network_s=(args.seconds * 5 // 9, args.seconds * 5 // 6),
+    )
+    if args.labels:
+        args.labels.write_text(json.dumps(labels, indent=1))
+    print(f"wrote {args.seconds} s of job {args.job} under {args.out / args.job}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

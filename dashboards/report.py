@@ -1,0 +1,514 @@
+"""``ncclwatch report RUN``: PNG plots and a Markdown summary of a recorded run.
+
+For people who want a picture without Grafana: bus bandwidth over time per key
+(communicator, op, size bucket, transport) with anomalies shaded and the job's throughput
+overlaid, a per-rank straggler heatmap, and a summary of what was detected.
+
+RUN is a spool directory, a scenario run directory (``spool/`` beside ``labels.json``), a
+``.tar.gz`` of either, or one ``.jsonl[.gz]`` file. Anomaly events come from
+``--events`` (``ncclwatch watch --events-out``), or else from running the same detector
+pipeline as ``ncclwatch watch`` in-process over the recording. Injected faults
+(``labels.json``, ``--labels``) are drawn hatched, so detections can be judged by eye.
+
+Everything but the drawing lives here; :mod:`ncclwatch.dashboards.plots` draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ncclwatch.config import Config
+from ncclwatch.records import (
+    AnomalyEvent,
+    DropRecord,
+    OpRecord,
+    Quarantined,
+    ThroughputRecord,
+    WindowSummary,
+    parse_line,
+)
+from ncclwatch.rules import NETWORK_TRANSPORTS, safe_filename, size_bucket_bytes
+
+Key = tuple[str, str, str, str, str]  # (job, comm, op, size_bucket, transport)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run",
+        help="a spool directory, a run directory (spool/ + labels.json), a .tar.gz of one, "
+        "or a .jsonl[.gz] file",
+    )
+    p.add_argument(
+        "--events",
+        metavar="FILE",
+        help="anomaly events as JSON lines (ncclwatch watch --events-out); default: run the "
+        "detectors over the recording, as `ncclwatch watch` would",
+    )
+    p.add_argument(
+        "--labels", metavar="FILE", help="injected faults (labels.json); default: RUN/labels.json"
+    )
+    p.add_argument("--out", metavar="DIR", help="output directory (default: report-<RUN name>)")
+    p.add_argument("--job", help="only this job (default: every job in the recording)")
+    p.add_argument(
+        "--max-keys", type=int, default=12, help="plot at most this many keys per job (default 12)"
+    )
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An anomaly (or an injected fault) over ``[start_ns, end_ns]``."""
+
+    kind: str
+    start_ns: int
+    end_ns: int
+    job: str
+    key: dict = field(default_factory=dict)  # comm/op/size_bucket/transport, None = any
+    event: AnomalyEvent | None = None  # the last event of the anomaly (resolved, if it was)
+    detected_ns: int | None = None  # when the detector first said so
+    open: bool = False  # still firing when the recording ended
+
+    def covers(self, key: Key) -> bool:
+        job, comm, op, bucket, transport = key
+        want = {"comm": comm, "op": op, "size_bucket": bucket, "transport": transport}
+        return self.job == job and all(self.key.get(k) in (None, v) for k, v in want.items())
+
+
+@dataclass
+class Run:
+    name: str
+    source: str
+    t0_ns: int = 0
+    t1_ns: int = 0
+    kinds: Counter = field(default_factory=Counter)
+    quarantined: int = 0
+    late_ops: int = 0
+    # key -> window start -> rank -> window summary
+    windows: dict[Key, dict[int, dict[int, WindowSummary]]] = field(default_factory=dict)
+    throughput: dict[str, list[ThroughputRecord]] = field(default_factory=dict)
+    drops: dict[str, Counter] = field(default_factory=dict)  # job -> reason -> ops dropped
+    events: list[AnomalyEvent] = field(default_factory=list)
+    events_source: str = ""
+    labels: list[dict] = field(default_factory=list)
+    # key -> [(stream time, baseline busbw)], sampled while detecting (empty with --events)
+    baselines: dict[Key, list[tuple[int, float]]] = field(default_factory=dict)
+
+    @property
+    def jobs(self) -> list[str]:
+        jobs = {k[0] for k in self.windows} | set(self.throughput) | {e.job for e in self.events}
+        return sorted(jobs)
+
+    def keys(self, job: str) -> list[Key]:
+        return sorted(k for k in self.windows if k[0] == job)
+
+    def intervals(self, job: str) -> list[Interval]:
+        return [i for i in anomaly_intervals(self.events, self.t1_ns) if i.job == job]
+
+    def fault_intervals(self, job: str) -> list[Interval]:
+        out = []
+        for f in self.labels:
+            if f.get("job") not in (None, job):
+                continue
+            out.append(Interval(f.get("type", "fault"), int(f["start_ns"]), int(f["end_ns"]), job))
+        return out
+
+
+def anomaly_intervals(events: list[AnomalyEvent], end_ns: int) -> list[Interval]:
+    """Pair firing and resolved events by id; an anomaly still firing runs to ``end_ns``."""
+    firing: dict[str, AnomalyEvent] = {}
+    out = []
+    for ev in sorted(events, key=lambda e: e.detected_ns):
+        if ev.state == "firing":
+            firing.setdefault(ev.id, ev)
+            continue
+        first = firing.pop(ev.id, ev)
+        end = ev.end_ns if ev.end_ns is not None else ev.detected_ns
+        out.append(
+            Interval(ev.type, first.start_ns, end, ev.job, ev.key or {}, ev, first.detected_ns)
+        )
+    for ev in firing.values():
+        out.append(
+            Interval(
+                ev.type, ev.start_ns, end_ns, ev.job, ev.key or {}, ev, ev.detected_ns, open=True
+            )
+        )
+    return sorted(out, key=lambda i: (i.start_ns, i.kind))
+
+
+def record_time_ns(rec: Any) -> int:
+    from ncclwatch.detectors.drivers import record_time_ns as t
+
+    return t(rec)
+
+
+def read_run(path: Path, cfg: Config) -> tuple[Run, list[Any], list[dict]]:
+    """The recording's records in time order, and the labels.json faults found beside them."""
+    from ncclwatch.detectors.drivers import ReadStats, opened_recording, read_recording
+
+    run = Run(name=path.name.removesuffix(".tar.gz").removesuffix(".tgz"), source=str(path))
+    labels: list[dict] = []
+    stats = ReadStats()
+    with opened_recording(path) as root:
+        # A scenario run directory (or its archive, possibly one level down) keeps the
+        # records in spool/; its ctl/ and logs/ hold other JSON lines.
+        spools = sorted(root.glob("spool")) + sorted(root.glob("*/spool")) if root.is_dir() else []
+        top = spools[0].parent if spools else root
+        records = read_recording([spools[0] if spools else root], stats)
+        if (top / "labels.json").is_file():
+            labels = json.loads((top / "labels.json").read_text()).get("faults", [])
+            run.name = top.name if top != root else run.name
+    run.quarantined = sum(stats.quarantined.values())
+    return run, records, labels
+
+
+def read_events(path: Path) -> list[AnomalyEvent]:
+    events = []
+    for n, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        rec = parse_line(line, source=str(path))
+        if not isinstance(rec, AnomalyEvent):
+            raise ValueError(f"{path}:{n}: not an anomaly event: {rec}")
+        events.append(rec)
+    return events
+
+
+class _Collect:
+    """Stands in for the watch's events file: keeps the events in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[AnomalyEvent] = []
+
+    def write(self, event: AnomalyEvent) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+def detect(records: list[Any], cfg: Config, run: Run) -> list[AnomalyEvent]:
+    """Run the detectors exactly as ``ncclwatch watch`` replays a recording.
+
+    Also samples each key's learned baseline once per window of stream time (when the
+    pipeline exposes ``baselines()``), so the plots can draw the band the detector used.
+    """
+    from ncclwatch.detectors.watch import Watch
+
+    sink = _Collect()
+    watch = Watch(cfg, out=io.StringIO(), events_file=sink)  # type: ignore[arg-type]
+    step_ns = int(cfg.ingest.window_s * 1e9)
+    next_sample = 0
+    for rec in records:
+        watch.feed(rec)
+        if watch.stream_ns >= next_sample:
+            _sample_baselines(watch, run)
+            next_sample = watch.stream_ns + step_ns
+    watch.flush()
+    _sample_baselines(watch, run)
+    return sink.events
+
+
+def _sample_baselines(watch: Any, run: Run) -> None:
+    for job, pipeline in watch.detectors.pipelines.items():
+        fn = getattr(pipeline, "baselines", None)
+        if fn is None:
+            continue
+        for key, gbs in fn().items():
+            if gbs:
+                run.baselines.setdefault((job, *key), []).append((watch.stream_ns, float(gbs)))
+
+
+def load(args: argparse.Namespace, cfg: Config) -> Run:
+    from ncclwatch.ingest.windows import Windower
+
+    run, records, labels = read_run(Path(args.run), cfg)
+    if args.job:
+        records = [r for r in records if getattr(r, "job", None) == args.job]
+    if not records:
+        raise ValueError(f"{args.run}: no records" + (f" of job {args.job}" if args.job else ""))
+    labels_path = Path(args.labels) if args.labels else None
+    run.labels = json.loads(labels_path.read_text()).get("faults", []) if labels_path else labels
+    run.t0_ns, run.t1_ns = record_time_ns(records[0]), record_time_ns(records[-1])
+    windower = Windower(cfg.ingest.window_s)
+
+    def add_window(w: WindowSummary) -> None:
+        key = (w.job, w.comm, w.op, w.size_bucket, w.transport)
+        run.windows.setdefault(key, {}).setdefault(w.start_ns, {})[w.rank] = w
+
+    for rec in records:
+        if isinstance(rec, Quarantined):
+            continue
+        run.kinds[rec.KIND] += 1
+        if isinstance(rec, OpRecord):
+            for w in windower.add(rec):
+                add_window(w)
+        elif isinstance(rec, WindowSummary):
+            add_window(rec)
+        elif isinstance(rec, ThroughputRecord):
+            run.throughput.setdefault(rec.job, []).append(rec)
+        elif isinstance(rec, DropRecord):
+            run.drops.setdefault(rec.job, Counter())[rec.reason] += rec.count
+        elif isinstance(rec, AnomalyEvent):
+            run.events.append(rec)  # a recording of the anomalies topic
+    for w in windower.flush():
+        add_window(w)
+    run.late_ops = windower.late_total
+    if args.events:
+        run.events = [
+            e for e in read_events(Path(args.events)) if not args.job or e.job == args.job
+        ]
+        run.events_source = args.events
+    elif not run.events:
+        run.events = detect(records, cfg, run)
+        run.events_source = "detectors run over the recording (as `ncclwatch watch`)"
+    else:
+        run.events_source = "anomaly records in the recording"
+    return run
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def key_series(run: Run, key: Key) -> list[tuple[int, float, float, float]]:
+    """(window start, median, min, max) over the ranks of the key's per-window busbw."""
+    out = []
+    for start, ranks in sorted(run.windows[key].items()):
+        values = sorted(w.busbw_gbs_p50 for w in ranks.values())
+        out.append((start, statistics.median(values), values[0], values[-1]))
+    return out
+
+
+def key_weight(run: Run, key: Key) -> int:
+    """Bytes the key moved: plots and tables show the keys that matter to the job first."""
+    return sum(w.bytes for ranks in run.windows[key].values() for w in ranks.values())
+
+
+def top_keys(run: Run, job: str, n: int) -> list[Key]:
+    keys = sorted(run.keys(job), key=lambda k: -key_weight(run, k))[:n]
+    # then by transport class, op and size, so related keys sit next to each other
+    return sorted(
+        keys, key=lambda k: (k[4] not in NETWORK_TRANSPORTS, k[2], size_bucket_bytes(k[3]), k[1])
+    )
+
+
+def rank_matrix(run: Run, job: str, comm: str) -> tuple[list[int], list[int], list[list[float]]]:
+    """Per-rank exec time over the other ranks' median, per window, for the comm's busiest key.
+
+    The quantity behind ``ncclwatch_rank_relative_exec``. The rank the others wait for
+    arrives late and spends the least time in the kernel: a straggler stays below 1.
+    """
+    from ncclwatch.detectors.straggler import relative_exec
+
+    keys = [k for k in run.keys(job) if k[1] == comm]
+    key = max(keys, key=lambda k: key_weight(run, k))
+    starts = sorted(run.windows[key])
+    ranks = sorted({r for s in starts for r in run.windows[key][s]})
+    matrix = [[float("nan")] * len(starts) for _ in ranks]
+    for j, s in enumerate(starts):
+        rel = relative_exec({r: w.exec_ns_p50 for r, w in run.windows[key][s].items()})
+        for i, r in enumerate(ranks):
+            if r in rel:
+                matrix[i][j] = rel[r]
+    return ranks, starts, matrix
+
+
+def comms_by_size(run: Run, job: str) -> list[str]:
+    """Multi-rank communicators, most ranks first."""
+    nranks: dict[str, int] = defaultdict(int)
+    for k in run.keys(job):
+        for ranks in run.windows[k].values():
+            nranks[k[1]] = max(nranks[k[1]], len(ranks))
+    return sorted((c for c, n in nranks.items() if n > 1), key=lambda c: (-nranks[c], c))
+
+
+def comm_label(run: Run, job: str, comm: str) -> str:
+    """``tp (nvlink, 2 ranks) 0x…00b0``: how a person recognises a communicator."""
+    for key in run.keys(job):
+        if key[1] == comm:
+            w = next(iter(next(iter(run.windows[key].values())).values()))
+            name = f"{w.comm_name} " if w.comm_name else ""
+            return f"{name}({w.transport}, {w.nranks} ranks) {comm}"
+    return comm
+
+
+def throughput_in(run: Run, job: str, spans: list[Interval], inside: bool) -> float | None:
+    values = [
+        t.tflops_per_gpu
+        for t in run.throughput.get(job, [])
+        if any(i.start_ns <= t.ts_ns <= i.end_ns for i in spans) == inside
+    ]
+    return statistics.median(values) if values else None
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _rel(run: Run, ns: int) -> str:
+    return f"+{(ns - run.t0_ns) / 1e9:.0f} s"
+
+
+def _where(key: dict, ev: AnomalyEvent | None) -> str:
+    parts = [str(key[k]) for k in ("comm", "op", "size_bucket", "transport") if key.get(k)]
+    if ev is not None and ev.host:
+        parts.append(f"host {ev.host}")
+    if ev is not None and ev.rank is not None:
+        parts.append(f"rank {ev.rank}")
+    return " ".join(parts) or "whole job"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.1%}"
+
+
+def markdown(run: Run, figures: dict[str, dict[str, str]]) -> str:
+    span_s = (run.t1_ns - run.t0_ns) / 1e9
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(run.kinds.items()))
+    lines = [
+        f"# ncclwatch report: {run.name}",
+        "",
+        f"- source: `{run.source}`",
+        f"- recorded: {_clock(run.t0_ns)}, {span_s:.0f} s",
+        f"- records: {kinds}"
+        + (f"; {run.quarantined} bad lines left out" if run.quarantined else ""),
+        f"- anomaly events: {len(run.events)}, from {run.events_source}",
+    ]
+    if run.late_ops:
+        lines.append(f"- {run.late_ops} op records arrived after their window closed (left out)")
+    for job in run.jobs:
+        lines += _job_section(run, job, figures.get(job, {}))
+    return "\n".join(lines) + "\n"
+
+
+def _job_section(run: Run, job: str, figs: dict[str, str]) -> list[str]:
+    spans = run.intervals(job)
+    out = ["", f"## Job `{job}`", ""]
+    before = throughput_in(run, job, spans, inside=False)
+    during = throughput_in(run, job, spans, inside=True)
+    if before is not None:
+        text = f"Throughput: median {before:.1f} TFLOP/s per GPU outside anomalies"
+        if during is not None:
+            text += f", {during:.1f} while an anomaly was active ({during / before - 1:+.1%})"
+        out.append(text + ".")
+    else:
+        out.append("No throughput records: the job did not report its speed.")
+    if run.drops.get(job):
+        drops = ", ".join(f"{n} {r}" for r, n in sorted(run.drops[job].items()))
+        out.append(f"The plugin dropped ops ({drops}): the detectors saw part of the traffic.")
+    if "overview" in figs:
+        out += ["", f"![overview]({figs['overview']})"]
+    out += ["", "### Anomalies", ""]
+    if spans:
+        out += [
+            "| # | type | where | from | for | busbw baseline → observed | effect | throughput "
+            "| severity |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for n, i in enumerate(spans, 1):
+            ev = i.event
+            assert ev is not None  # anomaly intervals always carry their event
+            bw = "–"
+            if ev.baseline_busbw_gbs is not None and ev.observed_busbw_gbs is not None:
+                bw = f"{ev.baseline_busbw_gbs:.1f} → {ev.observed_busbw_gbs:.1f} GB/s"
+            dur = f"{(i.end_ns - i.start_ns) / 1e9:.0f} s" + (" (still firing)" if i.open else "")
+            out.append(
+                f"| {n} | {i.kind} | {_where(i.key, ev)} | {_rel(run, i.start_ns)} | {dur} | {bw} "
+                f"| {ev.effect:.0%} | {_pct(ev.throughput_delta)} | {ev.severity} |"
+            )
+    else:
+        out.append("None detected.")
+    faults = run.fault_intervals(job)
+    if faults:
+        out += [
+            "",
+            "### Injected faults (labels)",
+            "",
+            "| fault | from | to | first overlapping anomaly |",
+        ]
+        out.append("|---|---|---|---|")
+        for f in faults:
+            hit = [i for i in spans if i.start_ns <= f.end_ns and i.end_ns >= f.start_ns]
+            first = min(hit, key=lambda i: i.detected_ns or i.start_ns) if hit else None
+            found = "none"
+            if first is not None and first.detected_ns is not None:
+                delay = (first.detected_ns - f.start_ns) / 1e9
+                found = f"{first.kind}, detected {delay:.0f} s after the fault began"
+            out.append(f"| {f.kind} | {_rel(run, f.start_ns)} | {_rel(run, f.end_ns)} | {found} |")
+    out += ["", "### Keys (by bytes moved)", ""]
+    out += ["| comm | op | size | transport | ranks | windows | busbw median | p5 | min |"]
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for key in sorted(run.keys(job), key=lambda k: -key_weight(run, k))[:30]:
+        series = key_series(run, key)
+        med = sorted(s[1] for s in series)
+        ranks = max(len(r) for r in run.windows[key].values())
+        p5 = med[max(0, int(0.05 * len(med)) - 1)] if len(med) >= 20 else med[0]
+        out.append(
+            f"| {key[1]} | {key[2]} | {key[3]} | {key[4]} | {ranks} | {len(series)} "
+            f"| {statistics.median(med):.1f} GB/s | {p5:.1f} | {min(s[2] for s in series):.1f} |"
+        )
+    for name, caption in (("keys", "keys"), ("ranks", "per-rank relative exec time")):
+        if name in figs:
+            out += ["", f"![{caption}]({figs[name]})"]
+    return out
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def write_report(run: Run, out_dir: Path, max_keys: int = 12) -> list[Path]:
+    from ncclwatch.dashboards import plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    figures: dict[str, dict[str, str]] = {}
+    for job in run.jobs:
+        stem = safe_filename(job)
+        figs = figures.setdefault(job, {})
+        for name, draw in (
+            ("overview", plots.overview),
+            ("keys", plots.keys),
+            ("ranks", plots.ranks),
+        ):
+            path = out_dir / f"{name}-{stem}.png"
+            kwargs = {"max_keys": max_keys} if name != "ranks" else {}
+            if draw(run, job, path, **kwargs):
+                figs[name] = path.name
+                written.append(path)
+    md = out_dir / "report.md"
+    md.write_text(markdown(run, figures))
+    return [md, *written]
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("ncclwatch report needs matplotlib: pip install 'ncclwatch[report]'", file=sys.stderr)
+        return 2
+    source = Path(args.run)
+    if not source.exists():
+        print(f"ncclwatch report: {source}: no such file or directory", file=sys.stderr)
+        return 2
+    try:
+        data = load(args, cfg)
+    except ValueError as e:
+        print(f"ncclwatch report: {e}", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out) if args.out else Path(f"report-{data.name}")
+    for path in write_report(data, out_dir, args.max_keys):
+        print(path)
+    return 0
