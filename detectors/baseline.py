@@ -1,0 +1,317 @@
+"""Protected, warm-started baselines of a positive quantity (bus bandwidth, TFLOP/s).
+
+The detectors compare what a key does now with what it usually does. "Usually" is an
+exponentially weighted mean of the log of the observations, learned online, with three
+guards taken from river's habits:
+
+- a warm-up (river's ``grace_period``): the first ``warmup`` observations only build the
+  baseline, whose starting value is their *median*, so one slow window at job start does
+  not become the reference;
+- protection (river's ``protect_anomaly_detector``): an observation already ``protect``
+  below the baseline is not learned, so a degradation never becomes the new normal;
+- a cold-start prior: a value from the ``ncclwatch fit`` model that scores observations
+  before the warm-up is over.
+
+The statistics are river's ``stats.EWMean`` / ``stats.EWVar`` (Finch's incremental
+formulas), rewritten here in a few lines: river 0.26 implements those two in Rust and
+their state cannot be written as JSON, which Faust tables and ``--state`` files need.
+``tests/test_detector_contract.py`` checks both give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from river import base
+from river import drift as river_drift
+
+
+class EWMeanVar(base.Base):
+    """Exponentially weighted mean and variance, as river's ``EWMean`` and ``EWVar``.
+
+    Parameters
+    ----------
+    fading_factor
+        Weight of the newest value, in (0, 1]; river's convention (closer to 1 adapts faster).
+
+    Examples
+    --------
+    >>> s = EWMeanVar(fading_factor=0.5)
+    >>> for x in [1, 3, 5, 4, 6, 8, 7, 9, 11]:
+    ...     s.update(x)
+    >>> s.mean, s.var
+    (9.4296875, 3.56536865234375)
+    """
+
+    def __init__(self, fading_factor: float = 0.5):
+        if not 0 < fading_factor <= 1:
+            raise ValueError(f"fading_factor must be in (0, 1], got {fading_factor!r}")
+        self.fading_factor = fading_factor
+        self._reset()
+
+    def _reset(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.var = 0.0
+
+    def update(self, x: float) -> None:
+        if self.n == 0:
+            self.mean = x
+        else:
+            diff = x - self.mean
+            incr = self.fading_factor * diff
+            self.mean += incr
+            self.var = (1.0 - self.fading_factor) * (self.var + diff * incr)
+        self.n += 1
+
+    def to_state(self) -> dict[str, Any]:
+        return {"n": self.n, "mean": self.mean, "var": self.var}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.n, self.mean, self.var = state["n"], state["mean"], state["var"]
+
+
+class RatioBaseline(base.Base):
+    """Online baseline of a positive quantity; scores the relative loss against it.
+
+    ``score_one(x)`` is the *effect* ``1 - x / baseline`` (0.25 = 25 % below baseline),
+    high meaning anomalous, and 0 while there is no baseline yet. The baseline lives in
+    log space, so a 2x slowdown and a 2x speed-up are equally far from it.
+
+    Parameters
+    ----------
+    warmup
+        Observations learned before the baseline exists (river's ``grace_period``).
+    fading_factor
+        EW weight of a new observation once warm. 0.02 per 1 s window is a time constant
+        of ~50 s: slow enough that a ramp over tens of seconds is still seen against
+        what came before it.
+    protect
+        An observation whose effect is at least this is not learned.
+    min_rel_sigma
+        Floor of the relative noise used by :meth:`zscore`, so a very steady key does
+        not make a 1 % wobble look like 10 sigma.
+
+    Examples
+    --------
+    >>> import random
+    >>> rng = random.Random(7)
+    >>> b = RatioBaseline(warmup=10)
+    >>> for _ in range(200):
+    ...     b.learn_one(100.0 * rng.lognormvariate(0, 0.02))
+    >>> b.baseline
+    99.9...
+    >>> b.score_one(75.0)
+    0.25...
+    >>> b.learn_one(75.0)   # protected: a degraded value is not learned
+    >>> b.baseline
+    99.9...
+    >>> RatioBaseline(warmup=10).score_one(75.0)   # no baseline, no opinion
+    0.0
+    """
+
+    def __init__(
+        self,
+        warmup: int = 10,
+        fading_factor: float = 0.02,
+        protect: float = 0.10,
+        min_rel_sigma: float = 0.01,
+    ):
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1, got {warmup!r}")
+        if not 0 < fading_factor <= 1:
+            raise ValueError(f"fading_factor must be in (0, 1], got {fading_factor!r}")
+        if not 0 < protect < 1:
+            raise ValueError(f"protect must be in (0, 1), got {protect!r}")
+        if not min_rel_sigma > 0:
+            raise ValueError(f"min_rel_sigma must be > 0, got {min_rel_sigma!r}")
+        self.warmup = warmup
+        self.fading_factor = fading_factor
+        self.protect = protect
+        self.min_rel_sigma = min_rel_sigma
+        self._reset()
+
+    def _reset(self) -> None:
+        self._warm: list[float] = []  # log observations while warming up
+        self._stats = EWMeanVar(self.fading_factor)  # of log observations, once warm
+        self._prior: float | None = None  # log of the cold-start value
+        self._skipped = 0  # protected observations, for evidence
+
+    # --- reading ------------------------------------------------------------------
+
+    @property
+    def warm(self) -> bool:
+        return self._stats.n > 0
+
+    @property
+    def log_baseline(self) -> float | None:
+        if self._stats.n:
+            return self._stats.mean
+        return self._prior
+
+    @property
+    def baseline(self) -> float | None:
+        lb = self.log_baseline
+        return None if lb is None else math.exp(lb)
+
+    @property
+    def rel_sigma(self) -> float:
+        """Relative noise of the observations around the baseline (EW std of the log)."""
+        return max(math.sqrt(self._stats.var), self.min_rel_sigma)
+
+    def score_one(self, x: float) -> float:
+        lb = self.log_baseline
+        if lb is None or not x > 0:
+            return 0.0
+        return 1.0 - x / math.exp(lb)
+
+    def zscore(self, x: float) -> float:
+        """How many noise sigmas ``x`` lies below the baseline (0 without a baseline)."""
+        lb = self.log_baseline
+        if lb is None or not x > 0:
+            return 0.0
+        return (lb - math.log(x)) / self.rel_sigma
+
+    # --- learning -----------------------------------------------------------------
+
+    def set_prior(self, value: float | None) -> None:
+        """Cold-start value (e.g. from the fitted model), used until the warm-up ends."""
+        self._prior = math.log(value) if value is not None and value > 0 else None
+
+    def learn_one(self, x: float) -> None:
+        if not x > 0 or x == math.inf:
+            return
+        lx = math.log(x)
+        stats = self._stats
+        if stats.n == 0:
+            self._warm.append(lx)
+            if len(self._warm) >= self.warmup:
+                self._finish_warmup()
+            return
+        if 1.0 - math.exp(lx - stats.mean) >= self.protect:
+            self._skipped += 1
+            return
+        stats.update(lx)
+
+    def _finish_warmup(self) -> None:
+        warm = sorted(self._warm)
+        median = warm[len(warm) // 2]
+        mad = sorted(abs(v - median) for v in warm)[len(warm) // 2]
+        start = median
+        prior = self._prior
+        if prior is not None and 1.0 - math.exp(median - prior) >= self.protect:
+            # The whole warm-up looks degraded against the fitted model: trust the model
+            # rather than learn a degraded period as normal.
+            start = prior
+        self._stats.update(start)
+        # MAD -> sigma for a normal distribution; seeds the noise estimate.
+        self._stats.var = (1.4826 * mad) ** 2
+        self._warm = []
+
+    # --- persistence --------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "warm": list(self._warm),
+            "stats": self._stats.to_state(),
+            "prior": self._prior,
+            "skipped": self._skipped,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], **params: Any) -> RatioBaseline:
+        obj = cls(**params)
+        obj._warm = list(state["warm"])
+        obj._stats.load_state(state["stats"])
+        obj._prior = state["prior"]
+        obj._skipped = state["skipped"]
+        return obj
+
+
+class DriftEvidence(base.Base):
+    """river's Page-Hinkley test on log residuals, kept as supporting evidence.
+
+    Fed ``log(observed / baseline)`` once per window, it says whether the mean of the
+    residuals has shifted down; the sustained-threshold rule decides, this only adds
+    ``page_hinkley: true`` to an anomaly's evidence.
+
+    Parameters
+    ----------
+    min_instances
+        Windows before the test may detect.
+    threshold
+        Page-Hinkley's lambda on the cumulative log residual (0.25 ~ two windows at -12 %).
+    delta
+        Tolerated drift per window.
+    alpha
+        Forgetting factor of the cumulative sums.
+
+    Examples
+    --------
+    >>> import random
+    >>> rng = random.Random(3)
+    >>> ph = DriftEvidence(min_instances=10)
+    >>> for i in range(60):
+    ...     ph.update(rng.gauss(0, 0.01) - (0.2 if i >= 50 else 0.0))
+    ...     if ph.drift_detected:
+    ...         print("drift at window", i)
+    ...         break
+    drift at window 51
+    """
+
+    def __init__(
+        self,
+        min_instances: int = 10,
+        threshold: float = 0.25,
+        delta: float = 0.005,
+        alpha: float = 1 - 1e-3,
+    ):
+        self.min_instances = min_instances
+        self.threshold = threshold
+        self.delta = delta
+        self.alpha = alpha
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ph = river_drift.PageHinkley(
+            min_instances=self.min_instances,
+            delta=self.delta,
+            threshold=self.threshold,
+            alpha=self.alpha,
+            mode="down",
+        )
+
+    @property
+    def drift_detected(self) -> bool:
+        return bool(self._ph.drift_detected)
+
+    def update(self, residual: float) -> None:
+        self._ph.update(residual)
+
+    def to_state(self) -> dict[str, Any]:
+        ph = self._ph
+        mi = ph._min_increase
+        return {
+            "n": ph._x_mean.n,
+            "mean": ph._x_mean._mean,
+            "si": ph._sum_increase,
+            "sd": ph._sum_decrease,
+            # JSON has no infinity; None stands for river's initial +inf.
+            "mi": None if mi == math.inf else mi,
+            "md": ph._max_decrease,
+            "drift": bool(ph._drift_detected),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], **params: Any) -> DriftEvidence:
+        obj = cls(**params)
+        ph = obj._ph
+        ph._x_mean.n = state["n"]
+        ph._x_mean._mean = state["mean"]
+        ph._sum_increase = state["si"]
+        ph._sum_decrease = state["sd"]
+        ph._min_increase = math.inf if state["mi"] is None else state["mi"]
+        ph._max_decrease = state["md"]
+        ph._drift_detected = state["drift"]
+        return obj
