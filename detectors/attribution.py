@@ -1,0 +1,118 @@
+"""Where is the problem? Attribution of a sustained degradation within one job.
+
+When a key has been degraded long enough to fire, the job's other keys say where the
+trouble is, with this precedence:
+
+1. **straggler**: one rank of the key's communicator is consistently the fastest to
+   finish (everyone waits for it) and that explains the loss (:mod:`.straggler`);
+2. **intra_node**: the key is an NVLink key, or some NVLink key of the job is degraded
+   right now: traffic inside a node is slow, whatever the network does;
+3. **network_path**: only network keys (``rules.NETWORK_TRANSPORTS``: ``net``, ``mixed``)
+   are degraded while the job's NVLink keys hold. A job without NVLink keys has no such
+   reference; there several network keys degrading together still point at the path,
+   while a single network key degrading alone among healthy ones does not;
+4. **collective_degraded** (attribution ``unknown``): anything else.
+
+The inputs are the job's key states as the pipeline keeps them; this module only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ncclwatch.rules import NETWORK_TRANSPORTS
+
+from .straggler import StragglerScorer
+
+
+class KeyView(Protocol):
+    comm: str
+    op: str
+    size_bucket: str
+    transport: str
+    host: str | None
+    last_effect: float
+    last_end_ns: int
+    straggler: StragglerScorer
+    rank_host: dict[int, str]
+
+    @property
+    def warm(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    type: str
+    attribution: str
+    scope: str  # what makes two firing keys the same incident within the job
+    host: str | None = None
+    rank: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def key_scope(k: KeyView) -> str:
+    return f"{k.comm}/{k.op}/{k.size_bucket}/{k.transport}"
+
+
+def attribute(
+    key: KeyView,
+    job_keys: Iterable[KeyView],
+    *,
+    effect: float,
+    threshold: float,
+    now_ns: int,
+    recent_ns: int,
+) -> Verdict:
+    """Classify the firing ``key`` given every key of its job.
+
+    A key counts as *degraded now* when its latest window had ``effect >= threshold``
+    and *holding* when its latest window was under it; either only if that window ended
+    within ``recent_ns`` of ``now_ns`` (a key that stopped reporting says nothing).
+    """
+    rank = key.straggler.straggler(effect=effect)
+    if rank is not None:
+        host = key.rank_host.get(rank)
+        scores = sorted(key.straggler.rank_scores().items(), key=lambda kv: -kv[1])[:5]
+        return Verdict(
+            type="straggler",
+            attribution="straggler",
+            scope=host if host is not None else f"{key.comm}/{rank}",
+            host=host,
+            rank=rank,
+            evidence={"rank_scores": [[r, round(s, 4)] for r, s in scores], "comm": key.comm},
+        )
+    nv_degraded: list[KeyView] = []
+    nv_holding = 0
+    net_degraded = 0
+    net_total = 0
+    for k in job_keys:
+        if not k.warm or now_ns - k.last_end_ns > recent_ns:
+            continue
+        bad = k.last_effect >= threshold
+        if k.transport == "nvlink":
+            if bad:
+                nv_degraded.append(k)
+            else:
+                nv_holding += 1
+        elif k.transport in NETWORK_TRANSPORTS:
+            net_total += 1
+            net_degraded += bad
+    counts = {
+        "nvlink_keys_degraded": len(nv_degraded),
+        "nvlink_keys_holding": nv_holding,
+        "network_keys_degraded": net_degraded,
+        "network_keys": net_total,
+    }
+    if key.transport == "nvlink" or nv_degraded:
+        src = key if key.transport == "nvlink" else nv_degraded[0]
+        host = src.host
+        return Verdict("intra_node", "intra_node", scope=host or "", host=host, evidence=counts)
+    if key.transport in NETWORK_TRANSPORTS and (
+        nv_holding > 0 or net_degraded >= 2 or net_total <= 1
+    ):
+        return Verdict("network_path", "network", scope="", evidence=counts)
+    return Verdict(
+        "collective_degraded", "unknown", scope=key_scope(key), host=key.host, evidence=counts
+    )

@@ -1,0 +1,847 @@
+"""The detector pipeline: records in, anomaly events out. The one object drivers call.
+
+``ncclwatch watch`` (local mode), the Faust worker and ``ncclwatch replay`` all feed
+records to a :class:`Pipeline` and forward what it returns; nothing here reads a clock
+for event times, touches Kafka, or does I/O, so the same records in the same order give
+the same events with the same ids wherever they run, and a pipeline saved with
+:meth:`Pipeline.to_state` and restored with :meth:`Pipeline.from_state` continues as if
+it had never stopped.
+
+Flow for window summaries (one per job, comm, op, size bucket, transport, rank, window):
+
+1. windows of one key and window start are *grouped across ranks* (a collective's bus
+   bandwidth belongs to the whole communicator). A group closes when every rank of the
+   communicator reported, when a later group of the key closes, or when the job's stream
+   time (largest window end seen) is ``lateness_windows`` windows past its end;
+2. a closed group gives the key's observation: the median over ranks of busbw p50; the
+   ranks' exec p50s, aligned by sequence range, feed the straggler scorer;
+3. the key's :class:`~.baseline.RatioBaseline` scores it (effect ``1 - observed/baseline``),
+   the :class:`~.sustained.SustainedRule` decides, and the baseline learns only from
+   windows that are neither degraded nor part of an anomaly;
+4. a key that fires is attributed (:mod:`.attribution`) and joins or opens an incident
+   (:mod:`.incidents`); the incident's event carries the job's throughput change.
+
+Throughput records drive ``throughput_drop`` and the severity of comm anomalies; drop
+records, plugin stats and silent ranks drive ``telemetry_loss``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import (
+    AnomalyEvent,
+    DropRecord,
+    OpRecord,
+    PluginStats,
+    ThroughputRecord,
+    WindowSummary,
+)
+
+from .attribution import Verdict, attribute
+from .baseline import DriftEvidence, RatioBaseline
+from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
+from .model import BusbwModel
+from .straggler import StragglerScorer
+from .sustained import FIRE, RESOLVE, SustainedRule
+from .telemetry import TelemetryTracker
+from .throughput import ThroughputTracker
+
+STATE_VERSION = 1
+COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
+_WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
+
+
+class KeyState:
+    """Everything the pipeline knows about one (comm, op, size_bucket, transport) of a job."""
+
+    __slots__ = (
+        "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
+        "host", "rank_host", "baseline", "drift", "rule", "straggler", "pending",
+        "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "incident",
+    )
+
+    def __init__(self, w: WindowSummary, p: _Params):
+        self.comm = w.comm
+        self.comm_name = w.comm_name
+        self.op = w.op
+        self.size_bucket = w.size_bucket
+        self.transport = w.transport
+        self.nranks = w.nranks
+        self.window_ns = max(w.end_ns - w.start_ns, 1)
+        self.host: str | None = w.host
+        self.rank_host: dict[int, str] = {}
+        self.baseline = RatioBaseline(**p.baseline)
+        self.drift = DriftEvidence(**p.drift)
+        self.rule = SustainedRule(**p.rule)
+        self.straggler = StragglerScorer(**p.straggler)
+        self.pending: dict[int, dict[int, WindowSummary]] = {}
+        self.closed_before = -(1 << 62)  # groups starting before this are closed
+        self.last_end_ns = -1
+        self.last_effect = 0.0
+        self.last_observed: float | None = None
+        # The current degraded streak before it fires: [windows, effect sum, peak,
+        # observed sum, baseline sum, Page-Hinkley fired].
+        self.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        self.incident: str | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.baseline.log_baseline is not None
+
+    @property
+    def tuple(self) -> KeyTuple:
+        return (self.comm, self.op, self.size_bucket, self.transport)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "comm": self.comm,
+            "comm_name": self.comm_name,
+            "op": self.op,
+            "size_bucket": self.size_bucket,
+            "transport": self.transport,
+        }
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "comm_name": self.comm_name,
+            "nranks": self.nranks,
+            "window_ns": self.window_ns,
+            "host": self.host,
+            "rank_host": [[r, h] for r, h in self.rank_host.items()],
+            "baseline": self.baseline.to_state(),
+            "drift": self.drift.to_state(),
+            "rule": self.rule.to_state(),
+            "straggler": self.straggler.to_state(),
+            "pending": [
+                [s, [[getattr(w, f) for f in _WS_FIELDS] for w in g.values()]]
+                for s, g in self.pending.items()
+            ],
+            "closed_before": self.closed_before,
+            "last_end": self.last_end_ns,
+            "last_effect": self.last_effect,
+            "last_observed": self.last_observed,
+            "acc": list(self.acc),
+            "incident": self.incident,
+        }
+
+    @classmethod
+    def from_state(cls, key: list, st: dict[str, Any], p: _Params) -> KeyState:
+        obj = cls.__new__(cls)
+        obj.comm, obj.op, obj.size_bucket, obj.transport = key
+        obj.comm_name = st["comm_name"]
+        obj.nranks = st["nranks"]
+        obj.window_ns = st["window_ns"]
+        obj.host = st["host"]
+        obj.rank_host = {int(r): h for r, h in st["rank_host"]}
+        obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
+        obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
+        obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
+        obj.straggler = StragglerScorer.from_state(st["straggler"], **p.straggler)
+        obj.pending = {}
+        for s, group in st["pending"]:
+            ws = [WindowSummary(*values) for values in group]
+            obj.pending[int(s)] = {w.rank: w for w in ws}
+        obj.closed_before = st["closed_before"]
+        obj.last_end_ns = st["last_end"]
+        obj.last_effect = st["last_effect"]
+        obj.last_observed = st["last_observed"]
+        obj.acc = list(st["acc"])
+        obj.incident = st["incident"]
+        return obj
+
+
+class JobState:
+    __slots__ = (
+        "job", "watermark", "next_tick_ns", "window_ns", "silent", "keys", "pending_keys",
+        "telemetry", "throughput", "incidents", "tp_suppressed",
+    )
+
+    def __init__(self, job: str, cfg: DetectorConfig):
+        self.job = job
+        self.watermark = -1  # the job's stream time: largest window end seen
+        self.next_tick_ns = -1
+        self.window_ns = 0
+        self.silent = False
+        self.keys: dict[KeyTuple, KeyState] = {}
+        self.pending_keys: dict[KeyTuple, KeyState] = {}
+        self.telemetry = TelemetryTracker()
+        self.throughput = ThroughputTracker(cfg)
+        self.incidents: dict[str, Incident] = {}  # open ones, in opening order
+        self.tp_suppressed = False
+
+    def find(self, type_: str, scope: str | None) -> Incident | None:
+        for inc in self.incidents.values():
+            if inc.type == type_ and (scope is None or inc.scope == scope):
+                return inc
+        return None
+
+
+class _Params:
+    """Estimator parameters derived once from the config."""
+
+    def __init__(self, cfg: DetectorConfig):
+        self.baseline = {"warmup": cfg.warmup_windows, "protect": cfg.threshold}
+        self.drift = {"min_instances": cfg.warmup_windows}
+        self.rule = {
+            "threshold": cfg.threshold,
+            "sustain": cfg.sustain_windows,
+            "recover_threshold": cfg.recover_threshold,
+            "recover": cfg.recover_windows,
+        }
+        self.straggler = {"threshold": cfg.straggler_score, "sustain": cfg.sustain_windows}
+
+
+class Pipeline:
+    """Online detection over ncclwatch records.
+
+    Parameters
+    ----------
+    cfg
+        The ``[detector]`` configuration section (a whole :class:`~ncclwatch.config.Config`
+        is accepted too).
+    model
+        Cold-start bandwidth model (:class:`~.model.BusbwModel` or a path to its JSON
+        file); defaults to ``cfg.model_path`` when that is set.
+    clock
+        Wall clock in seconds, used only for :meth:`lag_s`; event times are stream time.
+
+    ``observer``, when set, receives callbacks (``record``, ``key_window``,
+    ``throughput``, ``event``, ``job_evicted``): :class:`~.metrics.DetectorMetrics`
+    uses it. It is not part of the saved state.
+
+    Examples
+    --------
+    >>> from ncclwatch.config import DetectorConfig
+    >>> from ncclwatch.records import WindowSummary
+    >>> p = Pipeline(DetectorConfig(warmup_windows=5))
+    >>> def window(t, rank, busbw):
+    ...     return WindowSummary(job="j", host=f"h{rank}", comm="0x" + "0" * 15 + "1",
+    ...         comm_name="", op="AllReduce", size_bucket="64MiB", transport="net", rank=rank,
+    ...         nranks=2, start_ns=t * 10**9, end_ns=(t + 1) * 10**9, count=10,
+    ...         bytes=10 << 26, exec_ns_min=1, exec_ns_p50=int(67e6 / busbw), exec_ns_p95=1,
+    ...         exec_ns_max=1, busbw_gbs_p50=busbw, first_seq=10 * t, last_seq=10 * t + 9)
+    >>> events = []
+    >>> for t in range(30):
+    ...     busbw = 40.0 if t < 20 else 28.0      # the network loses 30 % at t = 20 s
+    ...     for rank in (0, 1):
+    ...         events += p.process(window(t, rank, busbw))
+    >>> [(e.type, e.state, e.start_ns // 10**9, e.detected_ns // 10**9, e.effect) for e in events]
+    [('network_path', 'firing', 20, 23, 0.3)]
+    """
+
+    lateness_windows = 2  # how long an incomplete rank group waits, in windows
+    z_min = 3.0  # a window is degraded only if also this many noise sigmas low
+    job_evict_s = 3600.0  # a job silent this long (advance) is forgotten
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        model: BusbwModel | str | Path | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        cfg = getattr(cfg, "detector", cfg)
+        if not isinstance(cfg, DetectorConfig):
+            raise TypeError(f"cfg must be a DetectorConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        if model is None and cfg.model_path:
+            model = cfg.model_path
+        if isinstance(model, (str, Path)):
+            model = BusbwModel.load(model)
+        self.model: BusbwModel | None = model
+        self.clock = clock or time.time
+        self.observer: Any = None
+        self._p = _Params(cfg)
+        self._timeout_ns = int(cfg.telemetry_timeout_s * 1e9)
+        self._jobs: dict[str, JobState] = {}
+        self.records_total: dict[str, int] = {}
+        self.late_windows = 0
+        self.last_end_ns = -1  # largest record time seen, for lag
+        self._handlers = {
+            WindowSummary: self._window,
+            ThroughputRecord: self._throughput,
+            DropRecord: self._drop,
+            PluginStats: self._plugin_stats,
+            OpRecord: self._ignore,
+        }
+
+    # --- the driver API -----------------------------------------------------------
+
+    def process(self, record: Any) -> list[AnomalyEvent]:
+        """Feed one record; return the anomaly events it caused (usually none)."""
+        kind = record.KIND
+        rt = self.records_total
+        rt[kind] = rt.get(kind, 0) + 1
+        handler = self._handlers.get(type(record))
+        if handler is None:
+            return []
+        out: list[AnomalyEvent] = []
+        handler(record, out)
+        if self.observer is not None:
+            self.observer.record(kind)
+        return out
+
+    def advance(self, now_ns: int) -> list[AnomalyEvent]:
+        """Stream-time tick: a job silent for ``telemetry_timeout_s`` has its open
+        anomalies resolved and its incomplete groups closed; one silent for
+        ``job_evict_s`` is forgotten."""
+        out: list[AnomalyEvent] = []
+        evict_ns = int(self.job_evict_s * 1e9)
+        for name in list(self._jobs):
+            job = self._jobs[name]
+            if job.watermark < 0:
+                continue
+            idle = now_ns - job.watermark
+            if idle > self._timeout_ns and not job.silent:
+                self._close_all(job, out)
+                self._job_silent(job, out)
+            if idle > evict_ns:
+                del self._jobs[name]
+                if self.observer is not None:
+                    self.observer.job_evicted(name)
+        return out
+
+    def flush(self) -> list[AnomalyEvent]:
+        """End of input: close every incomplete rank group now (open anomalies stay open)."""
+        out: list[AnomalyEvent] = []
+        for job in self._jobs.values():
+            self._close_all(job, out)
+        return out
+
+    def open_anomalies(self) -> list[AnomalyEvent]:
+        """The current firing event of every open incident."""
+        return [
+            inc.event("firing", inc.detected_ns)
+            for job in self._jobs.values()
+            for inc in job.incidents.values()
+            if inc.id is not None
+        ]
+
+    def jobs(self) -> list[str]:
+        return list(self._jobs)
+
+    def key_count(self) -> int:
+        return sum(len(j.keys) for j in self._jobs.values())
+
+    def lag_s(self) -> float | None:
+        """Wall clock minus the newest record time seen, in seconds."""
+        if self.last_end_ns < 0:
+            return None
+        return self.clock() - self.last_end_ns / 1e9
+
+    # --- windows ------------------------------------------------------------------
+
+    def _window(self, w: WindowSummary, out: list[AnomalyEvent]) -> None:
+        job = self._jobs.get(w.job)
+        if job is None:
+            job = self._jobs[w.job] = JobState(w.job, self.cfg)
+        if not job.window_ns:
+            job.window_ns = max(w.end_ns - w.start_ns, 1)
+        end = w.end_ns
+        if end > self.last_end_ns:
+            self.last_end_ns = end
+        tel = job.telemetry
+        rk = (w.comm, w.rank)
+        last = tel.rank_last.get(rk)
+        if last is None:
+            tel.rank_host[rk] = w.host
+            tel.rank_last[rk] = end
+        elif end > last:
+            if end - last > self._timeout_ns:
+                tel.resumed.setdefault(w.host, w.start_ns)
+            tel.rank_last[rk] = end
+        job.silent = False
+        if end > job.watermark:
+            job.watermark = end
+        if w.transport != "single":
+            gk = (w.comm, w.op, w.size_bucket, w.transport)
+            ks = job.keys.get(gk)
+            if ks is None:
+                ks = job.keys[gk] = self._new_key(w)
+            start = w.start_ns
+            if start < ks.closed_before:
+                self.late_windows += 1
+            else:
+                group = ks.pending.get(start)
+                if group is None:
+                    group = ks.pending[start] = {}
+                    job.pending_keys[gk] = ks
+                group[w.rank] = w
+                if len(group) >= w.nranks:
+                    self._close_upto(job, ks, start, out)
+        if job.watermark >= job.next_tick_ns:
+            self._tick(job, out)
+
+    def _new_key(self, w: WindowSummary) -> KeyState:
+        ks = KeyState(w, self._p)
+        if self.model is not None and w.count > 0:
+            prior = self.model.predict_busbw_gbs(
+                w.transport, w.op, w.bytes / w.count, w.nranks, w.size_bucket
+            )
+            ks.baseline.set_prior(prior)
+        return ks
+
+    def _close_upto(self, job: JobState, ks: KeyState, start: int, out: list) -> None:
+        """Close every pending group of ``ks`` starting at or before ``start``, in order."""
+        pending = ks.pending
+        starts = [s for s in pending if s <= start]
+        if len(starts) > 1:
+            starts.sort()
+        for s in starts:
+            self._close_group(job, ks, s, pending.pop(s), out)
+        if start >= ks.closed_before:
+            ks.closed_before = start + 1
+        if not pending:
+            job.pending_keys.pop(ks.tuple, None)
+
+    def _close_group(self, job: JobState, ks: KeyState, start: int,
+                     group: dict[int, WindowSummary], out: list) -> None:
+        recs = list(group.values())
+        n = len(recs)
+        mid = n >> 1
+        bw = sorted([r.busbw_gbs_p50 for r in recs])
+        obs = bw[mid] if n & 1 else 0.5 * (bw[mid - 1] + bw[mid])
+        first = recs[0]
+        end = first.end_ns
+        h0 = first.host
+        single_host = True
+        rank_host = ks.rank_host
+        for r in recs:
+            if r.host != h0:
+                single_host = False
+            if rank_host.get(r.rank) != r.host:
+                rank_host[r.rank] = r.host
+        ks.host = h0 if single_host else None
+        if n >= 2:
+            ks.straggler.learn_one(_aligned_exec(recs, n))
+
+        base = ks.baseline
+        lb = base.log_baseline
+        cfg = self.cfg
+        effect = 0.0
+        degraded = False
+        b = None
+        if lb is not None and obs > 0:
+            b = math.exp(lb)
+            effect = 1.0 - obs / b
+            if effect >= cfg.threshold:
+                degraded = (lb - math.log(obs)) / base.rel_sigma >= self.z_min
+            if base.warm:
+                ks.drift.update(math.log(obs) - lb)
+        rule = ks.rule
+        was_firing = rule.firing
+        transition = rule.update(effect, start, degraded)
+        if was_firing:
+            inc = job.incidents.get(ks.incident) if ks.incident else None
+            if inc is not None:
+                inc.add_window(effect, obs, b, inc.trigger == ks.tuple)
+                if degraded and ks.drift.drift_detected:
+                    inc.drift = True
+        elif degraded:
+            acc = ks.acc
+            acc[0] += 1
+            acc[1] += effect
+            if effect > acc[2]:
+                acc[2] = effect
+            acc[3] += obs
+            acc[4] += b
+            if ks.drift.drift_detected:
+                acc[5] = True
+        elif ks.acc[0]:
+            ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        if not rule.firing and transition is None:
+            base.learn_one(obs)
+        ks.last_end_ns = end
+        ks.last_effect = effect
+        ks.last_observed = obs
+        if self.observer is not None:
+            ex = sorted([r.exec_ns_p50 for r in recs])
+            self.observer.key_window(job.job, ks, obs, b, effect, ex[mid], end)
+        if transition == FIRE:
+            self._key_fired(job, ks, out)
+        elif transition == RESOLVE:
+            self._key_resolved(job, ks, rule.end_ns, out)
+
+    # --- incidents from keys ------------------------------------------------------
+
+    def _key_fired(self, job: JobState, ks: KeyState, out: list) -> None:
+        acc = ks.acc
+        effect = acc[1] / acc[0] if acc[0] else ks.last_effect
+        v = attribute(
+            ks,
+            job.keys.values(),
+            effect=effect,
+            threshold=self.cfg.threshold,
+            now_ns=job.watermark,
+            recent_ns=(self.lateness_windows + 2) * ks.window_ns,
+        )
+        if v.type == "intra_node" and ks.transport != "nvlink":
+            inc = job.find("intra_node", None)  # a mixed key joins the node's incident
+        else:
+            inc = job.find(v.type, v.scope)
+        start = ks.rule.start_ns if ks.rule.start_ns is not None else job.watermark
+        if inc is None:
+            inc = self._open(job, v, start, ks)
+            self._join(inc, ks)
+            self._set_throughput(job, inc)
+            self._emit(inc.event("firing", job.watermark), out)
+        else:
+            self._join(inc, ks)
+        ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+
+    def _open(self, job: JobState, v: Verdict, start: int, ks: KeyState | None) -> Incident:
+        cfg = self.cfg
+        inc = Incident(
+            id=incident_id(job.job, v.type, v.scope, start),
+            type=v.type,
+            attribution=v.attribution,
+            scope=v.scope,
+            job=job.job,
+            host=v.host,
+            rank=v.rank,
+            start_ns=start,
+            detected_ns=job.watermark,
+            severity="warning",
+            evidence={
+                **v.evidence,
+                "threshold": cfg.threshold,
+                "sustain_windows": cfg.sustain_windows,
+            },
+        )
+        if ks is not None:
+            inc.key = ks.describe()
+            inc.trigger = ks.tuple
+        job.incidents[inc.id] = inc
+        return inc
+
+    def _join(self, inc: Incident, ks: KeyState) -> None:
+        gk = ks.tuple
+        acc = ks.acc
+        inc.eff_sum += acc[1]
+        inc.eff_n += acc[0]
+        inc.peak = max(inc.peak, acc[2])
+        if inc.trigger == gk:
+            inc.obs_sum += acc[3]
+            inc.base_sum += acc[4]
+            inc.ob_n += acc[0]
+        inc.drift = inc.drift or bool(acc[5])
+        inc.members.append(gk)
+        inc.n_members += 1
+        if len(inc.listed) < MAX_LISTED_KEYS:
+            d = ks.describe()
+            d["effect"] = round(acc[1] / acc[0], 6) if acc[0] else None
+            inc.listed.append(d)
+        desc = ks.describe()
+        for f, val in desc.items():
+            if inc.key.get(f) != val:
+                inc.key[f] = None
+        ks.incident = inc.id
+
+    def _key_resolved(self, job: JobState, ks: KeyState, end_ns: int | None, out: list) -> None:
+        inc = job.incidents.get(ks.incident) if ks.incident else None
+        ks.incident = None
+        ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        if inc is None:
+            return
+        gk = ks.tuple
+        if gk in inc.members:
+            inc.members.remove(gk)
+        end = end_ns if end_ns is not None else job.watermark
+        inc.end_ns = max(inc.end_ns or end, end)
+        if not inc.members:
+            self._resolve(job, inc, out)
+
+    def _resolve(self, job: JobState, inc: Incident, out: list, reason: str | None = None) -> None:
+        if inc.end_ns is None:
+            inc.end_ns = job.watermark
+        inc.end_ns = max(inc.end_ns, inc.start_ns)
+        if inc.type in COMM_TYPES or inc.type == "throughput_drop":
+            d = job.throughput.delta(inc.start_ns, inc.end_ns)
+            if d is not None:
+                inc.throughput_delta = d
+        if reason:
+            inc.evidence["resolved_because"] = reason
+        del job.incidents[inc.id]
+        self._emit(inc.event("resolved", max(job.watermark, inc.end_ns)), out)
+
+    def _set_throughput(self, job: JobState, inc: Incident) -> bool:
+        """Refresh a comm incident's throughput delta; True if its severity rose."""
+        d = job.throughput.delta(inc.start_ns, None)
+        inc.throughput_delta = d
+        if d is not None and d <= -self.cfg.throughput_drop and inc.severity != "critical":
+            inc.severity = "critical"
+            return True
+        return False
+
+    def _emit(self, ev: AnomalyEvent, out: list) -> None:
+        out.append(ev)
+        if self.observer is not None:
+            self.observer.event(ev)
+
+    # --- maintenance ticks --------------------------------------------------------
+
+    def _tick(self, job: JobState, out: list) -> None:
+        w = job.window_ns
+        now = job.watermark
+        job.next_tick_ns = now - now % w + w
+        due = now - (1 + self.lateness_windows) * w
+        for ks in list(job.pending_keys.values()):
+            starts = [s for s in ks.pending if s + ks.window_ns <= due + w]
+            if starts:
+                self._close_upto(job, ks, max(starts), out)
+        self._check_telemetry(job, out)
+        self._check_silent_members(job, out)
+
+    def _close_all(self, job: JobState, out: list) -> None:
+        for ks in list(job.pending_keys.values()):
+            if ks.pending:
+                self._close_upto(job, ks, max(ks.pending), out)
+
+    def _check_silent_members(self, job: JobState, out: list) -> None:
+        now = job.watermark
+        for inc in list(job.incidents.values()):
+            if inc.type not in COMM_TYPES:
+                continue
+            for gk in list(inc.members):
+                ks = job.keys.get(gk)
+                if ks is not None and now - ks.last_end_ns <= self._timeout_ns:
+                    continue
+                last = ks.last_end_ns if ks is not None else now
+                if ks is not None:
+                    ks.rule.force_resolve(last)
+                    ks.incident = None
+                inc.members.remove(gk)
+                inc.end_ns = max(inc.end_ns or last, last)
+            if not inc.members:
+                self._resolve(job, inc, out, reason="keys_silent")
+
+    def _check_telemetry(self, job: JobState, out: list) -> None:
+        tel = job.telemetry
+        problems = tel.check(job.watermark, self._timeout_ns)
+        for inc in list(job.incidents.values()):
+            if inc.type == "telemetry_loss" and inc.scope not in problems:
+                # Ended when the host came back, or at its last drop.
+                resumed = tel.resumed.pop(inc.scope, None)
+                if resumed is not None and resumed >= inc.start_ns:
+                    inc.end_ns = resumed
+                elif inc.end_ns is None:
+                    inc.end_ns = job.watermark
+                self._resolve(job, inc, out)
+        for host in list(tel.resumed):
+            if host not in problems and job.find("telemetry_loss", host) is None:
+                del tel.resumed[host]  # a gap that was no incident (the whole job paused)
+        for host, p in problems.items():
+            severity = "warning" if (p["silent_host"] or p["silent_ranks"]) else "info"
+            ranks = {r for _, r in p["silent_ranks"]}
+            evidence = {k: v for k, v in p.items() if k != "since_ns"}
+            evidence["timeout_s"] = self.cfg.telemetry_timeout_s
+            inc = job.find("telemetry_loss", host)
+            if p["drops"] is not None and not (p["silent_host"] or p["silent_ranks"]):
+                tel.resumed.pop(host, None)
+            detected = max(job.watermark, p["since_ns"])
+            if inc is None:
+                v = Verdict(
+                    "telemetry_loss", "telemetry", scope=host, host=host,
+                    rank=next(iter(ranks)) if len(ranks) == 1 else None,
+                )
+                inc = self._open(job, v, p["since_ns"], None)
+                inc.evidence = evidence
+                inc.severity = severity
+                inc.detected_ns = detected
+                self._emit(inc.event("firing", detected), out)
+            elif SEVERITY_RANK[severity] > SEVERITY_RANK[inc.severity]:
+                inc.severity = severity
+                inc.evidence = evidence
+                self._emit(inc.event("firing", detected), out)
+            if p["drops"] is not None:
+                inc.end_ns = p["drops"]["last_ns"]
+
+    def _job_silent(self, job: JobState, out: list) -> None:
+        """The whole job stopped reporting: nothing can recover, so end what is open."""
+        job.silent = True
+        for ks in job.keys.values():
+            if ks.rule.firing:
+                ks.rule.force_resolve(ks.last_end_ns)
+            ks.incident = None
+            ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        tp = job.throughput
+        if tp.rule.firing:
+            tp.rule.force_resolve(tp.ts_ns)
+        job.tp_suppressed = False
+        for inc in list(job.incidents.values()):
+            if inc.end_ns is None:
+                inc.end_ns = job.watermark
+            self._resolve(job, inc, out, reason="job_silent")
+
+    # --- throughput ---------------------------------------------------------------
+
+    def _throughput(self, rec: ThroughputRecord, out: list) -> None:
+        job = self._jobs.get(rec.job)
+        if job is None:
+            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        if rec.ts_ns > self.last_end_ns:
+            self.last_end_ns = rec.ts_ns
+        for ts, value in job.throughput.add(rec):
+            self._step(job, ts, value, out)
+
+    def _comm_trouble(self, job: JobState) -> bool:
+        if any(inc.type in COMM_TYPES for inc in job.incidents.values()):
+            return True
+        now = job.watermark
+        recent = (self.lateness_windows + 2) * job.window_ns
+        rt = self.cfg.recover_threshold
+        return any(
+            ks.last_effect >= rt and now - ks.last_end_ns <= recent for ks in job.keys.values()
+        )
+
+    def _step(self, job: JobState, ts: int, value: float, out: list) -> None:
+        cfg = self.cfg
+        tp = job.throughput
+        if self.observer is not None:
+            self.observer.throughput(job.job, value)
+        base = tp.baseline
+        effect = base.score_one(value)
+        degraded = effect >= cfg.throughput_drop and base.zscore(value) >= self.z_min
+        was_firing = tp.rule.firing
+        transition = tp.rule.update(effect, ts, degraded)
+        trouble = self._comm_trouble(job)
+        if not tp.rule.firing and transition is None and not trouble:
+            base.learn_one(value)
+        tinc = job.find("throughput_drop", "")
+        if was_firing and tinc is not None:
+            tinc.add_window(effect, None, None, False)
+        if transition == FIRE:
+            if trouble:
+                job.tp_suppressed = True  # comm anomalies carry the throughput loss
+            else:
+                start = tp.rule.start_ns if tp.rule.start_ns is not None else ts
+                inc = self._open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
+                observed, n = tp.mean(start, None)
+                inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
+                inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
+                inc.throughput_delta = tp.delta(start, None)
+                inc.evidence.update(
+                    {
+                        "tflops_baseline": base.baseline,
+                        "tflops_observed": observed,
+                        "threshold": cfg.throughput_drop,
+                    }
+                )
+                self._emit(inc.event("firing", max(job.watermark, ts)), out)
+        elif transition == RESOLVE:
+            job.tp_suppressed = False
+            if tinc is not None:
+                tinc.end_ns = tp.rule.end_ns
+                self._resolve(job, tinc, out)
+        for inc in list(job.incidents.values()):
+            if inc.type in COMM_TYPES and self._set_throughput(job, inc):
+                self._emit(inc.event("firing", max(job.watermark, ts)), out)
+
+    # --- telemetry records ----------------------------------------------------------
+
+    def _drop(self, rec: DropRecord, out: list) -> None:
+        job = self._jobs.get(rec.job)
+        if job is None:
+            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job.telemetry.see_drop(rec.host, rec.ts_ns, rec.count, rec.reason)
+
+    def _plugin_stats(self, rec: PluginStats, out: list) -> None:
+        job = self._jobs.get(rec.job)
+        if job is None:
+            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job.telemetry.see_plugin_stats(rec.host, rec.pid, rec.ts_ns, rec.dropped)
+
+    def _ignore(self, rec: Any, out: list) -> None:
+        return None
+
+    # --- persistence --------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything needed to continue, as plain JSON types."""
+        return {
+            "version": STATE_VERSION,
+            "records_total": dict(self.records_total),
+            "late_windows": self.late_windows,
+            "last_end_ns": self.last_end_ns,
+            "jobs": [[name, _job_state(job)] for name, job in self._jobs.items()],
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        cfg: Any,
+        state: dict[str, Any],
+        *,
+        model: BusbwModel | str | Path | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> Pipeline:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown pipeline state version {state.get('version')!r}")
+        p = cls(cfg, model=model, clock=clock)
+        p.records_total = dict(state["records_total"])
+        p.late_windows = state["late_windows"]
+        p.last_end_ns = state["last_end_ns"]
+        for name, js in state["jobs"]:
+            p._jobs[name] = _job_from_state(name, js, p.cfg, p._p)
+        return p
+
+
+def _aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
+    """Exec p50 per rank, keeping ranks whose windows cover the same op instances.
+
+    A rank whose ``[first_seq, last_seq]`` overlaps the group's median range by less
+    than half of its own span summarises different ops and is left out.
+    """
+    f0 = recs[0].first_seq
+    l0 = recs[0].last_seq
+    if all(r.first_seq == f0 and r.last_seq == l0 for r in recs):
+        return {r.rank: r.exec_ns_p50 for r in recs}
+    mf = sorted([r.first_seq for r in recs])[n >> 1]
+    ml = sorted([r.last_seq for r in recs])[n >> 1]
+    out = {}
+    for r in recs:
+        overlap = min(r.last_seq, ml) - max(r.first_seq, mf) + 1
+        if 2 * overlap >= r.last_seq - r.first_seq + 1:
+            out[r.rank] = r.exec_ns_p50
+    return out
+
+
+def _job_state(job: JobState) -> dict[str, Any]:
+    return {
+        "watermark": job.watermark,
+        "next_tick": job.next_tick_ns,
+        "window_ns": job.window_ns,
+        "silent": job.silent,
+        "keys": [[*gk, ks.to_state()] for gk, ks in job.keys.items()],
+        "pending_keys": [list(gk) for gk in job.pending_keys],
+        "telemetry": job.telemetry.to_state(),
+        "throughput": job.throughput.to_state(),
+        "incidents": [inc.to_state() for inc in job.incidents.values()],
+        "tp_suppressed": job.tp_suppressed,
+    }
+
+
+def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: _Params) -> JobState:
+    job = JobState(name, cfg)
+    job.watermark = st["watermark"]
+    job.next_tick_ns = st["next_tick"]
+    job.window_ns = st["window_ns"]
+    job.silent = st["silent"]
+    for *gk, ks_state in st["keys"]:
+        job.keys[tuple(gk)] = KeyState.from_state(gk, ks_state, p)
+    for gk in st["pending_keys"]:
+        job.pending_keys[tuple(gk)] = job.keys[tuple(gk)]
+    job.telemetry = TelemetryTracker.from_state(st["telemetry"])
+    job.throughput = ThroughputTracker.from_state(cfg, st["throughput"])
+    for inc_state in st["incidents"]:
+        inc = Incident.from_state(inc_state)
+        job.incidents[inc.id] = inc
+    job.tp_suppressed = st["tp_suppressed"]
+    return job

@@ -1,0 +1,117 @@
+"""The job's speed: step series, a protected baseline, drops, and deltas over intervals.
+
+Throughput records arrive per step, from one reporter (``rank == -1``) or from several
+ranks; the ranks' reports of one step are averaged. A step is complete when a job-level
+record arrives or when a later step shows up. The completed series feeds:
+
+- a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth);
+- a :class:`~.sustained.SustainedRule` at ``throughput_drop`` for ``throughput_drop``
+  anomalies (the job slowed while NCCL did not: "not NCCL");
+- a bounded history used for ``throughput_delta``: mean TFLOP/s over an anomaly
+  against the mean over the minute before it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import ThroughputRecord
+
+from .baseline import RatioBaseline
+from .sustained import SustainedRule
+
+HISTORY_STEPS = 1024
+BEFORE_NS = 60 * 10**9  # how far back "the baseline before it" looks
+
+
+def _baseline_params(cfg: DetectorConfig) -> dict[str, Any]:
+    return {"warmup": cfg.warmup_windows, "protect": cfg.throughput_drop}
+
+
+def _rule_params(cfg: DetectorConfig) -> dict[str, Any]:
+    return {
+        "threshold": cfg.throughput_drop,
+        "sustain": cfg.sustain_windows,
+        "recover_threshold": cfg.throughput_drop / 2,
+        "recover": cfg.recover_windows,
+    }
+
+
+class ThroughputTracker:
+    """Per-job throughput state (plain object; the pipeline owns one per job)."""
+
+    __slots__ = ("cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last")
+
+    def __init__(self, cfg: DetectorConfig):
+        self.cfg = cfg
+        self.baseline = RatioBaseline(**_baseline_params(cfg))
+        self.rule = SustainedRule(**_rule_params(cfg))
+        self.history: deque[tuple[int, float]] = deque(maxlen=HISTORY_STEPS)
+        self.step = -1  # the step being accumulated
+        self.sum = 0.0
+        self.n = 0
+        self.ts_ns = 0
+        self.last: float | None = None  # latest completed step's TFLOP/s
+
+    def add(self, rec: ThroughputRecord) -> list[tuple[int, float]]:
+        """Account one record; return the steps it completed as ``(ts_ns, tflops)``."""
+        out: list[tuple[int, float]] = []
+        if rec.step < self.step:
+            return out  # a straggling report of a completed step
+        if rec.step > self.step:
+            if self.n:
+                out.append(self._complete())
+            self.step, self.sum, self.n, self.ts_ns = rec.step, 0.0, 0, rec.ts_ns
+        self.sum += rec.tflops_per_gpu
+        self.n += 1
+        self.ts_ns = max(self.ts_ns, rec.ts_ns)
+        if rec.rank == -1:
+            out.append(self._complete())
+        return out
+
+    def _complete(self) -> tuple[int, float]:
+        value = self.sum / self.n
+        self.n = 0
+        self.sum = 0.0
+        self.history.append((self.ts_ns, value))
+        self.last = value
+        return self.ts_ns, value
+
+    def mean(self, start_ns: int, end_ns: int | None) -> tuple[float | None, int]:
+        vals = [v for ts, v in self.history if ts >= start_ns and (end_ns is None or ts <= end_ns)]
+        return (sum(vals) / len(vals) if vals else None), len(vals)
+
+    def delta(self, start_ns: int, end_ns: int | None) -> float | None:
+        """Relative TFLOP/s change over ``[start, end]`` against the minute before start."""
+        during, n = self.mean(start_ns, end_ns)
+        if during is None:
+            return None
+        before = [v for ts, v in self.history if start_ns - BEFORE_NS <= ts < start_ns]
+        ref = sum(before) / len(before) if before else self.baseline.baseline
+        if not ref:
+            return None
+        return during / ref - 1.0
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline.to_state(),
+            "rule": self.rule.to_state(),
+            "history": [list(p) for p in self.history],
+            "step": self.step,
+            "sum": self.sum,
+            "n": self.n,
+            "ts": self.ts_ns,
+            "last": self.last,
+        }
+
+    @classmethod
+    def from_state(cls, cfg: DetectorConfig, state: dict[str, Any]) -> ThroughputTracker:
+        obj = cls(cfg)
+        obj.baseline = RatioBaseline.from_state(state["baseline"], **_baseline_params(cfg))
+        obj.rule = SustainedRule.from_state(state["rule"], **_rule_params(cfg))
+        obj.history.extend((int(ts), v) for ts, v in state["history"])
+        obj.step, obj.sum, obj.n, obj.ts_ns = state["step"], state["sum"], state["n"], state["ts"]
+        obj.last = state["last"]
+        return obj
