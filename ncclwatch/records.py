@@ -22,7 +22,7 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 VERSION = 1
 MAX_LINE_BYTES = 64 * 1024
@@ -214,7 +214,7 @@ class Quarantined:
     raw: str
 
 
-Record = Union[OpRecord, DropRecord, PluginStats, ThroughputRecord, WindowSummary, AnomalyEvent]
+Record = OpRecord | DropRecord | PluginStats | ThroughputRecord | WindowSummary | AnomalyEvent
 RECORD_TYPES: dict[str, type] = {
     cls.KIND: cls
     for cls in (OpRecord, DropRecord, PluginStats, ThroughputRecord, WindowSummary, AnomalyEvent, Quarantined)
