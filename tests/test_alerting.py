@@ -461,7 +461,7 @@ tests:
   - interval: 15s
     input_series:
       - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="3", instance="w1:9466"}}'
-        values: '1 1.5x10'
+        values: '1 0.6x10'
       - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="4", instance="w1:9466"}}'
         values: '1x10'
     alert_rule_test:
@@ -470,8 +470,8 @@ tests:
         exp_alerts:
           - exp_labels: {{job: llm, comm: "0xa", rank: "3", severity: warning, source: prometheus}}
             exp_annotations:
-              summary: "Straggler: rank 3 of comm 0xa in job llm runs at 1.50x the typical rank's time"
-              description: "Relative execution time above 1.2 for at least 1m: every collective of this communicator waits for this rank."
+              summary: "Straggler: rank 3 of comm 0xa in job llm keeps the other ranks waiting (its collectives take 0.60x their time)"
+              description: "Relative execution time below 0.8 for at least 1m: this rank arrives late at every collective of its communicator and the others wait for it."
               runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclStragglerRank.md"
               dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
   # a forwarder with data waiting and no ack for 1000 s alerts; an idle one does not
