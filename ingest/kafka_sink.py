@@ -40,7 +40,7 @@ def describe(kafka: KafkaConfig) -> str:
 
 def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,
                   linger_ms: int, request_timeout_ms: int = 10_000,
-                  delivery_timeout_ms: int = 30_000) -> Any:
+                  delivery_timeout_ms: int = 30_000, bootstrap_timeout_ms: int = 3_000) -> Any:
     from kafka import KafkaProducer
 
     if compression not in CODECS:
@@ -65,16 +65,20 @@ def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int
         max_request_size=16 << 20,
         reconnect_backoff_max_ms=2_000,
         allow_auto_create_topics=False,
+        # The forwarder retries with backoff itself; a long bootstrap wait would only
+        # stall reading into the spill buffer.
+        bootstrap_timeout_ms=bootstrap_timeout_ms,
     )
 
 
 def ensure_topics(kafka: KafkaConfig, topics: TopicsConfig, names: list[str],
-                  timeout_s: float = 30.0) -> list[str]:
+                  timeout_s: float = 10.0, bootstrap_timeout_s: float = 3.0) -> list[str]:
     """Create the topics that do not exist yet; returns the ones created."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdminClient(**kafka.client_kwargs(), request_timeout_ms=int(timeout_s * 1000),
+                             bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000))
     try:
         existing = set(admin.list_topics())
         missing = [n for n in dict.fromkeys(names) if n not in existing]
