@@ -49,6 +49,17 @@ class AlertmanagerError(RuntimeError):
     """Alertmanager could not be reached or refused the request."""
 
 
+class AlertmanagerRejected(AlertmanagerError):
+    """Alertmanager is up but says the alerts are invalid (HTTP 400/422): resending the
+    same alerts can never succeed."""
+
+
+# Only validation errors mean "these alerts are bad". 401/403/404 (an auth proxy, a wrong
+# path prefix) are configuration problems that get fixed, after which the same alerts go
+# through: those are treated like an outage, so nothing is dropped.
+REJECTED_STATUSES = frozenset((400, 422))
+
+
 def http_send(method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:
     """The default ``send``: urllib, JSON body, no proxies from the environment.
 
@@ -110,15 +121,18 @@ class AlertmanagerClient:
 
     def post_alerts(self, alerts: list[dict]) -> None:
         """One attempt; raises :class:`AlertmanagerError`. Ignores the backoff."""
-        body = json.dumps(alerts, ensure_ascii=False, separators=(",", ":")).encode()
+        # "replace": a job name decoded from JSON may hold a lone surrogate ("\udcff"),
+        # which is no UTF-8; one odd name must not make every POST raise.
+        text_body = json.dumps(alerts, ensure_ascii=False, separators=(",", ":"))
+        body = text_body.encode("utf-8", "replace")
         url = f"{self.url}/api/v2/alerts"
         try:
             status, text = self.send("POST", url, body, self.timeout_s)
         except OSError as e:  # URLError, timeouts and refused connections are OSErrors
             raise AlertmanagerError(f"POST {url}: {e}") from e
+        if status in REJECTED_STATUSES:
+            raise AlertmanagerRejected(f"POST {url}: HTTP {status}: {text[:300]!r}")
         if status // 100 != 2:
-            # 400 means our alerts are malformed: retrying will not help, but dropping
-            # them silently would be worse, so it is reported like an outage.
             raise AlertmanagerError(f"POST {url}: HTTP {status}: {text[:300]!r}")
 
     def get_alerts(self, **filters: str) -> list[dict]:
@@ -143,11 +157,18 @@ class AlertmanagerClient:
         return max(0.0, self._next_try - self.clock())
 
     def try_post(self, alerts: list[dict]) -> bool:
-        """Post unless backing off; True on success. Failures are logged, not raised."""
+        """Post unless backing off; True on success, False on an outage (logged, backoff).
+
+        Raises :class:`AlertmanagerRejected` when Alertmanager answers that the alerts are
+        invalid: it is up, so that is no reason to back off, and the caller decides.
+        """
         if not self.ready():
             return False
         try:
             self.post_alerts(alerts)
+        except AlertmanagerRejected:
+            self._reset()
+            raise
         except AlertmanagerError as e:
             self.failures += 1
             self.last_error = str(e)
@@ -158,9 +179,12 @@ class AlertmanagerClient:
             log.warning("alertmanager unreachable (%d failures, retry in %.1fs): %s",
                         self.failures, self._delay_s, e)
             return False
+        self._reset()
+        return True
+
+    def _reset(self) -> None:
         if self.failures:
             log.info("alertmanager reachable again after %d failures", self.failures)
         self.failures = 0
         self._delay_s = 0.0
         self._next_try = 0.0
-        return True

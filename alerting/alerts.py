@@ -36,6 +36,7 @@ job throughput -13.0%
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -203,10 +204,23 @@ def _description(ev: AnomalyEvent) -> str:
     return " ".join(lines)
 
 
+def _utf8(text: str) -> str:
+    """Valid UTF-8: JSON may decode to lone surrogates (``"\\udcff"``), which no encoder,
+    URL or terminal accepts; each becomes ``?``, the same way every time."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _clean(ev: AnomalyEvent) -> AnomalyEvent:
+    key = {k: (_utf8(v) if isinstance(v, str) else v) for k, v in ev.key.items()}
+    host = _utf8(ev.host) if ev.host is not None else None
+    return dataclasses.replace(ev, job=_utf8(ev.job), host=host, key=key, id=_utf8(ev.id))
+
+
 def alert_from_event(
     ev: AnomalyEvent, links: AlertLinks, static_labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The Alertmanager alert for an event, without ``endsAt`` (set when it is sent)."""
+    ev = _clean(ev)
     name = ALERT_NAMES[ev.type]
     labels: dict[str, str] = dict(static_labels or {})
     labels.update(alertname=name, job=ev.job, severity=ev.severity, anomaly_id=ev.id,
@@ -218,6 +232,8 @@ def alert_from_event(
         labels["host"] = ev.host
     if ev.rank is not None:
         labels["rank"] = str(ev.rank)
+    # An empty value is an absent label to Alertmanager; don't send it (e.g. job "").
+    labels = {k: v for k, v in labels.items() if v}
     dashboard = _dashboard_for(ev, links, labels.get("cluster", ""))
     annotations = {
         "summary": _summary(ev),

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncclwatch.alerting.alertmanager import AlertmanagerClient
+from ncclwatch.alerting.alertmanager import AlertmanagerClient, AlertmanagerRejected
 from ncclwatch.alerting.alerts import (
     AlertLinks,
     alert_from_event,
@@ -125,6 +125,7 @@ class AlertSink:
         self.now_ns = now_ns
         self.out = out
         self.sent = 0  # alerts accepted by Alertmanager (re-sends included)
+        self.rejected = 0  # alerts Alertmanager refused as invalid, dropped
         self.printed = 0
         self._lock = threading.Lock()
         self._sent_at: dict[str, float] = {}  # key -> clock() of the last accepted send
@@ -153,6 +154,9 @@ class AlertSink:
     def handle(self, event: AnomalyEvent) -> None:
         """Record the event's alert and try to deliver it now."""
         alert = alert_from_event(event, self.links, self.static_labels)
+        # Stream time comes from the training nodes' clocks; one running ahead of ours
+        # would make startsAt > endsAt on resolution, which Alertmanager rejects.
+        alert["startsAt"] = iso(min(event.start_ns, self.now_ns()))
         if self.client is None:
             self._print(alert, event.state)
             return
@@ -200,6 +204,7 @@ class AlertSink:
                 "sent": self.sent,
                 "printed": self.printed,
                 "post_failures": self.client.failures if self.client else 0,
+                "rejected": self.rejected,
                 "evicted_resolutions": self._outbox.evicted,
                 "refused": self._outbox.refused,
             }
@@ -239,13 +244,38 @@ class AlertSink:
         ]
         for i in range(0, len(due), self.batch_size):
             batch = due[i : i + self.batch_size]
-            if not self.client.try_post([self._payload(e) for e in batch]):
-                return  # backing off; everything stays in the outbox
-            sent_at = self.clock()
-            self.sent += len(batch)
-            for e in batch:
-                if e.state == "resolved":
-                    self._outbox.remove(e.key)
-                    self._sent_at.pop(e.key, None)
-                else:
-                    self._sent_at[e.key] = sent_at
+            try:
+                if not self.client.try_post([self._payload(e) for e in batch]):
+                    return  # backing off; everything stays in the outbox
+            except AlertmanagerRejected:
+                # One invalid alert must not block the others forever: find it alone.
+                if not self._deliver_one_by_one(batch):
+                    return
+                continue
+            self._delivered(batch)
+
+    def _deliver_one_by_one(self, batch: list[Entry]) -> bool:
+        for e in batch:
+            try:
+                assert self.client is not None
+                if not self.client.try_post([self._payload(e)]):
+                    return False
+            except AlertmanagerRejected as err:
+                self.rejected += 1
+                log.error("alertmanager rejected alert %s %s, dropping it: %s",
+                          e.key, e.alert.get("labels"), err)
+                self._outbox.remove(e.key)
+                self._sent_at.pop(e.key, None)
+                continue
+            self._delivered([e])
+        return True
+
+    def _delivered(self, batch: list[Entry]) -> None:
+        sent_at = self.clock()
+        self.sent += len(batch)
+        for e in batch:
+            if e.state == "resolved":
+                self._outbox.remove(e.key)
+                self._sent_at.pop(e.key, None)
+            else:
+                self._sent_at[e.key] = sent_at

@@ -52,14 +52,16 @@ class FakeAlertmanager:
     def __init__(self):
         self.posts: list[list[dict]] = []
         self.status = 200
+        self.status_for = lambda batch: self.status
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.path == "/api/v2/alerts" and outer.status == 200:
-                    outer.posts.append(json.loads(body))
-                self.send_response(outer.status)
+                batch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = outer.status_for(batch)
+                if self.path == "/api/v2/alerts" and status == 200:
+                    outer.posts.append(batch)
+                self.send_response(status)
                 self.end_headers()
 
             def do_GET(self):
@@ -318,6 +320,43 @@ def test_from_config_without_url_prints_and_with_url_sends(am):
     sink.handle(event())
     assert am.alerts[0]["labels"]["cluster"] == "eu-1"
     assert "var-cluster=eu-1" in am.alerts[0]["generatorURL"]
+
+
+def test_an_alert_alertmanager_rejects_is_dropped_without_blocking_the_others(am):
+    clock = Clock()
+    sink = make_sink(am.url, clock)
+    handler_status = am.status
+
+    def status_for(batch):  # Alertmanager validates each alert; one bad one fails the POST
+        return 400 if any(a["labels"]["anomaly_id"] == "bad" for a in batch) else handler_status
+
+    am.status_for = status_for
+    sink.client.url = refused_url()
+    for aid in ("a", "bad", "c"):
+        sink.handle(event(id=aid))
+    sink.client.url = am.url
+    clock.t += 10
+    sink.tick()
+    assert sorted(a["labels"]["anomaly_id"] for a in am.alerts) == ["a", "c"]
+    assert sink.stats()["rejected"] == 1 and sink.pending() == 0 and sink.client.failures == 0
+
+
+def test_start_in_the_future_of_our_clock_is_clamped_so_the_resolution_is_valid(am):
+    clock = Clock()
+    sink = make_sink(am.url, clock)
+    now_ns = T0_NS + int(clock.t * 1e9)
+    ev = event(start_ns=now_ns + 5 * 10**9)  # the training node's clock runs 5 s ahead
+    sink.handle(ev)
+    sink.handle(resolved(ev, now_ns + 6 * 10**9))
+    firing, resolution = am.alerts
+    assert ts(firing["startsAt"]) == now_ns
+    assert ts(resolution["startsAt"]) <= ts(resolution["endsAt"]) <= now_ns
+
+
+def test_a_lone_surrogate_in_a_job_name_does_not_break_delivery(am):
+    sink = make_sink(am.url, Clock())
+    sink.handle(event(job="bad\udcffname"))
+    assert len(am.alerts) == 1 and am.alerts[0]["labels"]["job"] == "bad?name"
 
 
 # --- outbox -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ncclwatch.alerting.alertmanager import AlertmanagerClient
+from ncclwatch.alerting.alertmanager import AlertmanagerClient, AlertmanagerRejected
+from ncclwatch.alerting.outbox import JOURNAL_NAME
 from ncclwatch.alerting.sink import AlertSink
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline
@@ -154,6 +156,15 @@ def resolved(ev: AnomalyEvent) -> AnomalyEvent:
     return from_json({**to_dict(ev), "state": "resolved", "end_ns": time.time_ns()})
 
 
+def refused_url() -> str:
+    """A loopback URL where nothing listens."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
 def make_sink(url: str, **kw: Any) -> AlertSink:
     client = AlertmanagerClient(url, timeout_s=2, backoff_initial_s=0.5, backoff_max_s=2)
     return AlertSink(client=client, resend_interval_s=5, **kw)
@@ -234,6 +245,33 @@ def test_sink_alert_inhibits_the_duplicate_from_prometheus_rules(am, webhook):
     time.sleep(0.5)
     rule_alert = AlertmanagerClient(am).get_alerts(job=job, source="prometheus")[0]
     assert rule_alert["status"]["state"] == "suppressed"
+
+
+def test_an_invalid_outbox_entry_is_rejected_by_alertmanager_and_does_not_block_others(
+    am, webhook, tmp_path
+):
+    job = testing.unique_name("job")
+    good, bad = anomaly(job, severity="warning"), anomaly(job, type="straggler", rank=1)
+    sink = make_sink(refused_url(), state_dir=tmp_path)
+    sink.handle(good)
+    sink.handle(bad)
+    sink.close()
+    # Corrupt the journal the way a bug or an old version might: bad ends before it starts.
+    journal = tmp_path / JOURNAL_NAME
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    for line in lines:
+        if line["key"] == bad.id:
+            line.update(state="resolved", ends_at_ns=bad.start_ns - 10**9)
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    sink = make_sink(am, state_dir=tmp_path)
+    sink.tick()
+    assert sink.stats()["rejected"] == 1 and sink.pending() == 0
+    webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+    with pytest.raises(AlertmanagerRejected, match="start time must be before end time"):
+        AlertmanagerClient(am).post_alerts([{"labels": {"alertname": "X", "job": job},
+                                             "startsAt": "2030-01-01T00:00:00Z",
+                                             "endsAt": "2020-01-01T00:00:00Z"}])
 
 
 def test_alert_test_command_sends_a_labelled_alert_and_resolves_it(am, webhook, capsys):
