@@ -26,31 +26,106 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from ncclwatch.rules import size_bucket
 
-def scenario_labels(labels: dict, run: dict) -> dict:
-    """The run's faults in the labelled-scenario format (one entry per fault)."""
-    faults = []
-    for f in labels["faults"]:
-        entry = {
-            "type": f["type"],
-            "attribution": f["attribution"],
-            "start_ns": f["start_ns"],
-            "end_ns": f["end_ns"],
-            "host": f.get("host"),
-        }
-        if f["type"] == "network_path":
-            entry["rank"] = None
-            entry["comms"] = sorted(c["comm"] for c in f.get("comms", {}).values())
-            entry["transports"] = sorted({c["transport_expected"]
-                                          for c in f.get("comms", {}).values()})
+
+def read_spool_records(spool: Path) -> list[dict]:
+    """Every JSON record of a spool directory (plugin segments and throughput files)."""
+    out = []
+    for f in sorted(spool.rglob("*.jsonl")):
+        for line in f.read_bytes().splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def comm_keys(records: list[dict]) -> dict[str, list[dict]]:
+    """The detector keys ``{comm, op, size_bucket, transport}`` seen per communicator."""
+    keys: dict[str, set[tuple]] = {}
+    for r in records:
+        if r.get("kind") == "op":
+            keys.setdefault(r["comm"], set()).add(
+                (r["op"], size_bucket(r["bytes"]), r["transport"]))
+    return {c: [{"comm": c, "op": o, "size_bucket": b, "transport": t}
+                for o, b, t in sorted(ks)] for c, ks in keys.items()}
+
+
+def effects(records: list[dict], start_ns: int, end_ns: int, before_s: float = 20.0,
+            settle_s: float = 2.0) -> dict:
+    """What the fault did, from the recording alone.
+
+    Per (comm, op, size bucket): the median bus bandwidth of ops that started within the
+    fault (after ``settle_s``) against those in the ``before_s`` before it; and the job's
+    median TFLOP/s over the same two intervals.
+    """
+    before0 = start_ns - int(before_s * 1e9)
+    on0 = start_ns + int(settle_s * 1e9)
+    groups: dict[tuple, tuple[list[float], list[float]]] = {}
+    tput: tuple[list[float], list[float]] = ([], [])
+    for r in records:
+        kind = r.get("kind")
+        if kind == "op":
+            t, v = r["start_ns"], r["busbw_gbs"]
+            g = groups.setdefault((r["comm"], r["op"], size_bucket(r["bytes"]), r["transport"]),
+                                  ([], []))
+        elif kind == "throughput":
+            t, v, g = r["ts_ns"], r["tflops_per_gpu"], tput
         else:
-            entry["rank"] = f["global_rank"]
-            entry["comm_ranks"] = f.get("comm_ranks", {})
-            entry["pid"] = f.get("pid")
-            entry["gpu"] = f.get("gpu")
-        entry["detail"] = {k: v for k, v in f.items() if k not in entry and k != "comms"}
-        faults.append(entry)
-    return {"v": 1, "job": labels["job"], "scenario": labels["scenario"], "faults": faults}
+            continue
+        if before0 <= t < start_ns:
+            g[0].append(v)
+        elif on0 <= t < end_ns:
+            g[1].append(v)
+
+    def change(pair):
+        if not pair[0] or not pair[1]:
+            return None
+        b, o = statistics.median(pair[0]), statistics.median(pair[1])
+        return {"before": round(b, 3), "during": round(o, 3), "change": round(o / b - 1, 4),
+                "n_before": len(pair[0]), "n_during": len(pair[1])}
+
+    return {
+        "busbw_gbs": [{"comm": k[0], "op": k[1], "size_bucket": k[2], "transport": k[3],
+                       **(change(v) or {})} for k, v in sorted(groups.items())],
+        "tflops_per_gpu": change(tput),
+    }
+
+
+def scenario_labels(labels: dict, run: dict, records: list[dict]) -> dict:
+    """The run's faults in the labelled-scenario format of ``docs/scenarios.md``.
+
+    A network fault is labelled on the communicator(s) that cross pretend nodes, with
+    their keys and the measured busbw loss as ``magnitude``; a straggler with its rank in
+    the NVLink communicator it slows (``comm``), as the detector reports ranks.
+    """
+    keys = comm_keys(records)
+    out = []
+    for f in labels["faults"]:
+        eff = effects(records, f["start_ns"], f["end_ns"])
+        label = {"start_ns": f["start_ns"], "end_ns": f["end_ns"], "onset_ns": f["start_ns"],
+                 "type": f["type"], "attribution": f["attribution"]}
+        if f["type"] == "network_path":
+            comms = sorted(c["comm"] for c in f.get("comms", {}).values())
+            if len(comms) == 1:
+                label["comm"] = comms[0]
+            label["keys"] = [k for c in comms for k in keys.get(c, [])]
+            losses = [-e["change"] for e in eff["busbw_gbs"] if e["comm"] in comms and "change" in e]
+            label["note"] = f"injector {f.get('injector')}; comms {', '.join(comms)}"
+        else:
+            # The straggler's rank in each of its communicators; name the first one the
+            # slow compute stalls (the host layer's NVLink communicator on 2 GPUs).
+            comm, rank = next(iter(f.get("comm_ranks", {}).items()), (None, None))
+            label.update({"rank": rank, "host": f.get("host"), "comm": comm})
+            label["keys"] = keys.get(comm, [])
+            losses = [-e["change"] for e in eff["busbw_gbs"] if e["comm"] == comm and "change" in e]
+            label["note"] = (f"global rank {f['global_rank']} (pid {f.get('pid')}, GPU "
+                             f"{f.get('gpu')}) ran {f.get('extra_matmuls')} extra matmuls/layer")
+        if losses:
+            label["magnitude"] = round(statistics.median(losses), 4)
+        out.append(label)
+    return {"version": 1, "scenario": labels["scenario"], "job": labels["job"],
+            "description": f"recorded on GPUs by bench/scenarios/record.py ({run.get('host')})",
+            "labels": out}
 
 
 def per_second(steps: list[dict]) -> list[dict]:
@@ -121,8 +196,11 @@ def convert(archive: Path, dest: Path, keep_ops: set[str] | None) -> dict:
                 info.mode = 0o644
                 tar.addfile(info, io.BytesIO(data))
                 n_files += 1
+        records = read_spool_records(root / "spool")
+        run["effects"] = [{"label": f["type"], **effects(records, f["start_ns"], f["end_ns"])}
+                          for f in labels["faults"]]
         (dest / f"{name}.labels.json").write_text(
-            json.dumps(scenario_labels(labels, run), indent=1) + "\n")
+            json.dumps(scenario_labels(labels, run, records), indent=1) + "\n")
         (dest / f"{name}.run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
     return {"name": name, "spool_files": n_files, "bytes": spool_tar.stat().st_size}
 
