@@ -132,6 +132,7 @@ class AlertingConfig:
     grafana_url: str = "http://127.0.0.1:3000"
     runbook_base_url: str = "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks"
     alert_labels: str = ""  # extra static labels, "k=v,k2=v2"
+    state_dir: str = ""  # durable outbox for alerts not yet delivered; empty: in memory only
 
 
 @dataclass(frozen=True)
