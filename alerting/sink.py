@@ -146,7 +146,7 @@ class AlertSink:
             links=AlertLinks(cfg.grafana_url, cfg.runbook_base_url),
             static_labels=parse_static_labels(cfg.alert_labels),
             resend_interval_s=cfg.resend_interval_s,
-            state_dir=state_dir,
+            state_dir=state_dir if state_dir is not None else (getattr(cfg, "state_dir", "") or None),
             **kwargs,
         )
 
