@@ -41,9 +41,7 @@ _VAR = re.compile(
     r"|\$(?P<p>[A-Za-z_][A-Za-z0-9_]*)"
     r"|\[\[(?P<k>[A-Za-z0-9_]+)(?::[^\]]*)?\]\]"
 )
-_LABEL_VALUES = re.compile(
-    r"^\s*label_values\(\s*(?:(?P<match>.+?)\s*,\s*)?(?P<label>[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$"
-)
+_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(?P<match>.+?)\s*,\s*)?(?P<label>[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 
 
 def variables_used(text: str) -> set[str]:
@@ -71,10 +69,7 @@ def undefined_variables(dash: dict[str, Any]) -> list[tuple[str, str]]:
     """(where, name) for every variable reference with no variable of that name."""
     defined = {v["name"] for v in dash.get("templating", {}).get("list", [])}
     return [
-        (where, name)
-        for where, text in _strings(dash)
-        for name in sorted(variables_used(text))
-        if name not in defined
+        (where, name) for where, text in _strings(dash) for name in sorted(variables_used(text)) if name not in defined
     ]
 
 
@@ -101,11 +96,13 @@ class PrometheusError(RuntimeError):
     pass
 
 
-def _get(base_url: str, path: str, params: list[tuple[str, str]], timeout_s: float = 30) -> Any:
+def _call(base_url: str, path: str, params: list[tuple[str, str]], *, post: bool, timeout_s: float = 30) -> Any:
+    """GET, or POST (as Grafana does for queries: long expressions fit in a body)."""
     url = f"{base_url.rstrip('/')}{path}"
-    body = urllib.parse.urlencode(params).encode()
+    query = urllib.parse.urlencode(params)
+    req = urllib.request.Request(url, data=query.encode()) if post else f"{url}?{query}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=timeout_s) as r:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
             payload = json.load(r)
     except urllib.error.HTTPError as e:  # 400/422 carry Prometheus's own error text
         try:
@@ -118,7 +115,7 @@ def _get(base_url: str, path: str, params: list[tuple[str, str]], timeout_s: flo
 
 
 def query_range(base_url: str, expr: str, start_s: float, end_s: float, step_s: float) -> list:
-    data = _get(
+    data = _call(
         base_url,
         "/api/v1/query_range",
         [
@@ -127,6 +124,7 @@ def query_range(base_url: str, expr: str, start_s: float, end_s: float, step_s: 
             ("end", f"{end_s:.3f}"),
             ("step", f"{step_s:g}"),
         ],
+        post=True,
     )
     return data["result"]
 
@@ -139,7 +137,7 @@ def label_values(base_url: str, query: str, start_s: float, end_s: float) -> lis
     params = [("start", f"{start_s:.3f}"), ("end", f"{end_s:.3f}")]
     if m.group("match"):
         params.append(("match[]", m.group("match")))
-    return _get(base_url, f"/api/v1/label/{m.group('label')}/values", params)
+    return _call(base_url, f"/api/v1/label/{m.group('label')}/values", params, post=False)
 
 
 # ----------------------------------------------------------------------------- the check
@@ -177,7 +175,11 @@ def check_dashboard(
     rate_s: int = 60,
 ) -> list[Result]:
     """Run every variable query and every panel query of one dashboard."""
-    values = values or {}
+    # Constants ($threshold) have their one value; the rest default to "All" (.*).
+    values = {
+        **{v["name"]: v["query"] for v in dash["templating"]["list"] if v["type"] == "constant"},
+        **(values or {}),
+    }
     range_s = max(int(end_s - start_s), 1)
     step_s = max(range_s / 200, 1.0)
     out = []

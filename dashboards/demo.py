@@ -139,9 +139,7 @@ def write_demo_spool(
                 nnodes = len({host_of(g) for g in c.members})
                 transport = transport_class(len(c.members), nnodes)
                 nbytes = message_bytes(c.count, "ncclFloat32")
-                speed = c.speed_gbs * (
-                    1 - network_loss if degraded and transport in NETWORK_TRANSPORTS else 1
-                )
+                speed = c.speed_gbs * (1 - network_loss if degraded and transport in NETWORK_TRANSPORTS else 1)
                 base_ns = _exec_ns(c.op, nbytes, len(c.members), speed)
                 start = t0_ns + s * 10**9 + k * (10**9 // OPS_PER_S) + c_i * 20_000_000
                 late = straggling and straggler_rank in c.members

@@ -128,9 +128,9 @@ def comm_link(title: str = "Communicator drill-down") -> dict[str, Any]:
 # ----------------------------------------------------------------------------- dashboards
 
 
-def ratio_steps() -> tuple[tuple[float | None, str], ...]:
-    """Red below 1 − threshold: where the detector counts a window as degraded."""
-    return ((None, "red"), (1 - DetectorConfig().threshold, "transparent"))
+def loss_steps(below: str = "transparent") -> tuple[tuple[float | None, str], ...]:
+    """Red from the threshold up: the loss at which the detector counts a window degraded."""
+    return ((None, below), (DetectorConfig().threshold, "red"))
 
 
 def job_dashboard() -> dict[str, Any]:
@@ -154,12 +154,12 @@ def job_dashboard() -> dict[str, Any]:
             no_value="0",
         ),
         stat(
-            "Worst busbw vs baseline",
-            [target(f"min(ncclwatch_degradation_ratio{{{KEY}}})", "worst key")],
+            "Worst busbw loss vs baseline",
+            [target(f"max(ncclwatch_degradation_ratio{{{KEY}}})", "worst key")],
             unit="percentunit",
-            steps=((None, "red"), (1 - DetectorConfig().threshold, "green")),
-            description="Observed bus bandwidth over the learned baseline, lowest key. "
-            "Below 1 − threshold the detector counts a window as degraded.",
+            steps=loss_steps(below="green"),
+            description="1 − observed / learned baseline bus bandwidth, worst key. From the "
+            "threshold up the detector counts a window as degraded.",
         ),
         stat(
             "Anomalies in range",
@@ -182,16 +182,17 @@ def job_dashboard() -> dict[str, Any]:
             "costs the job time; busbw alone dropping on a small bucket may not.",
         ),
         timeseries(
-            "Communication health: busbw / baseline (worst key)",
+            "Communication health: busbw loss vs baseline (worst key)",
             targets(
                 (
-                    f"min by (job, transport) (ncclwatch_degradation_ratio{{{KEY}}})",
+                    f"max by (job, transport) (ncclwatch_degradation_ratio{{{KEY}}})",
                     "{{job}} {{transport}}",
                 )
             ),
             unit="percentunit",
-            threshold_steps=ratio_steps(),
-            description="1.0 is the learned baseline; in the red area windows count as degraded.",
+            threshold_steps=loss_steps(),
+            description="0 % is the learned baseline; in the red area (loss above the detector's "
+            "threshold) windows count as degraded.",
         ),
         row("Bus bandwidth: NVLink-only vs network / mixed"),
         timeseries(
@@ -232,8 +233,7 @@ def job_dashboard() -> dict[str, Any]:
             "Anomalies fired",
             targets(
                 (
-                    f"sum by (type, severity) (increase(ncclwatch_anomalies_total{{{JOB}}}"
-                    "[$__rate_interval]))",
+                    f"sum by (type, severity) (increase(ncclwatch_anomalies_total{{{JOB}}}[$__rate_interval]))",
                     "{{type}} ({{severity}})",
                 )
             ),
@@ -249,8 +249,7 @@ def job_dashboard() -> dict[str, Any]:
                     "Inspector busbw, single-node communicators (NVLink-only)",
                     targets(
                         (
-                            "avg by (collective, message_size) "
-                            f'(nccl_bus_bandwidth_gbs{{{INSPECTOR}, n_nodes="1"}})',
+                            f'avg by (collective, message_size) (nccl_bus_bandwidth_gbs{{{INSPECTOR}, n_nodes="1"}})',
                             "{{collective}} {{message_size}}",
                         )
                     ),
@@ -263,8 +262,7 @@ def job_dashboard() -> dict[str, Any]:
                     "Inspector busbw, multi-node communicators (network / mixed)",
                     targets(
                         (
-                            "avg by (collective, message_size) "
-                            f'(nccl_bus_bandwidth_gbs{{{INSPECTOR}, n_nodes!="1"}})',
+                            f'avg by (collective, message_size) (nccl_bus_bandwidth_gbs{{{INSPECTOR}, n_nodes!="1"}})',
                             "{{collective}} {{message_size}}",
                         )
                     ),
@@ -286,8 +284,7 @@ def job_dashboard() -> dict[str, Any]:
                     "Inspector P2P busbw",
                     targets(
                         (
-                            "avg by (p2p_operation, message_size) "
-                            f"(nccl_p2p_bus_bandwidth_gbs{{{INSPECTOR}}})",
+                            f"avg by (p2p_operation, message_size) (nccl_p2p_bus_bandwidth_gbs{{{INSPECTOR}}})",
                             "{{p2p_operation}} {{message_size}}",
                         )
                     ),
@@ -327,8 +324,7 @@ def comm_dashboard() -> dict[str, Any]:
         },
     ]
     quantile = (
-        "histogram_quantile({q}, sum by (le, op) "
-        "(rate(ncclwatch_exec_seconds_bucket{{{sel}}}[$__rate_interval])))"
+        "histogram_quantile({q}, sum by (le, op) (rate(ncclwatch_exec_seconds_bucket{{{sel}}}[$__rate_interval])))"
     )
     panels = [
         row("Bus bandwidth against the learned baseline"),
@@ -352,11 +348,11 @@ def comm_dashboard() -> dict[str, Any]:
             repeatDirection="v",
         ),
         timeseries(
-            "busbw / baseline by size bucket",
+            "busbw loss vs baseline by size bucket",
             targets((f"ncclwatch_degradation_ratio{{{KEY}}}", "{{op}} {{size_bucket}}")),
             unit="percentunit",
-            threshold_steps=ratio_steps(),
-            legend_calcs=("lastNotNull", "min"),
+            threshold_steps=loss_steps(),
+            legend_calcs=("lastNotNull", "max"),
         ),
         timeseries(
             "Exec time quantiles by op (job-wide)",
@@ -377,13 +373,9 @@ def comm_dashboard() -> dict[str, Any]:
             "ranks'. The rank everyone waits for arrives late and spends the least time in the "
             "kernel: a row that stays red (below 1) is a straggler; the others sit at about 1.",
             "datasource": DS,
-            "targets": [
-                target(f"max by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}})", "{{rank}}")
-            ],
+            "targets": [target(f"max by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}})", "{{rank}}")],
             "fieldConfig": {
-                "defaults": {
-                    "custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False}}
-                },
+                "defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False}}},
                 "overrides": [],
             },
             "options": {
@@ -425,9 +417,7 @@ def comm_dashboard() -> dict[str, Any]:
                     "unit": "percentunit",
                     "min": 0,
                     "max": 2,
-                    "thresholds": thresholds(
-                        (None, "red"), (1 - DetectorConfig().straggler_score, "green")
-                    ),
+                    "thresholds": thresholds((None, "red"), (1 - DetectorConfig().straggler_score, "green")),
                 },
                 "overrides": [],
             },
@@ -575,9 +565,7 @@ def pipeline_dashboard() -> dict[str, Any]:
     variables = [
         datasource_var(),
         query_var("cluster", "Cluster", "label_values(up, cluster)"),
-        query_var(
-            "job", "Job", 'label_values(ncclwatch_plugin_dropped_total{cluster=~"$cluster"}, job)'
-        ),
+        query_var("job", "Job", 'label_values(ncclwatch_plugin_dropped_total{cluster=~"$cluster"}, job)'),
     ]
     return dashboard(
         "ncclwatch-pipeline",
@@ -610,8 +598,7 @@ def stale(out_dir: Path = GRAFANA_DIR) -> list[str]:
     return [
         f"{uid}.json"
         for uid, dash in build_all().items()
-        if not (out_dir / f"{uid}.json").is_file()
-        or (out_dir / f"{uid}.json").read_text() != render(dash)
+        if not (out_dir / f"{uid}.json").is_file() or (out_dir / f"{uid}.json").read_text() != render(dash)
     ]
 
 

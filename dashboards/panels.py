@@ -166,9 +166,7 @@ def table(
         "targets": [tgt],
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {"showHeader": True, "cellHeight": "sm"},
-        "transformations": [
-            {"id": "organize", "options": {"excludeByName": {name: True for name in hide}}}
-        ],
+        "transformations": [{"id": "organize", "options": {"excludeByName": {name: True for name in hide}}}],
         "_size": (w, h),
     }
 

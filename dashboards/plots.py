@@ -59,13 +59,9 @@ def _legend_patches(anomalies: list[Interval], faults: list[Interval]) -> list[P
     out = []
     severities = sorted({a.event.severity for a in anomalies if a.event})
     for sev in severities:
-        out.append(
-            Patch(color=SEVERITY_COLOR.get(sev, "#d62728"), alpha=0.3, label=f"anomaly ({sev})")
-        )
+        out.append(Patch(color=SEVERITY_COLOR.get(sev, "#d62728"), alpha=0.3, label=f"anomaly ({sev})"))
     if faults:
-        out.append(
-            Patch(facecolor="white", edgecolor="0.3", hatch="////", label="injected fault (labels)")
-        )
+        out.append(Patch(facecolor="white", edgecolor="0.3", hatch="////", label="injected fault (labels)"))
     return out
 
 
@@ -96,9 +92,7 @@ def _throughput(ax, run: Run, job: str, *, label: bool = True):
 def _key_label(run: Run, key: Key) -> str:
     _, comm, op, bucket, transport = key
     w = next(iter(next(iter(run.windows[key].values())).values()))
-    return (
-        f"{op} {bucket} over {transport} · {w.comm_name or 'comm'} …{comm[-4:]} ({w.nranks} ranks)"
-    )
+    return f"{op} {bucket} over {transport} · {w.comm_name or 'comm'} …{comm[-4:]} ({w.nranks} ranks)"
 
 
 def _reference(run: Run, key: Key, series) -> float:
@@ -118,9 +112,7 @@ def overview(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
     if not keys and not run.throughput.get(job):
         return False
     anomalies, faults = run.intervals(job), run.fault_intervals(job)
-    fig, (ax_tp, ax_bw) = plt.subplots(
-        2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [1, 2]}
-    )
+    fig, (ax_tp, ax_bw) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [1, 2]})
     tp = sorted(run.throughput.get(job, []), key=lambda t: t.ts_ns)
     if tp:
         ax_tp.plot(
@@ -130,9 +122,7 @@ def overview(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
             linewidth=1.2,
         )
     else:
-        ax_tp.text(
-            0.5, 0.5, "no throughput records", transform=ax_tp.transAxes, ha="center", color="0.5"
-        )
+        ax_tp.text(0.5, 0.5, "no throughput records", transform=ax_tp.transAxes, ha="center", color="0.5")
     ax_tp.set_ylabel("TFLOP/s per GPU")
     ax_tp.set_title(f"job {job}: throughput and communication health", loc="left", fontsize=11)
     for key in keys:
@@ -186,9 +176,7 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
     anomalies, faults = run.intervals(job), run.fault_intervals(job)
     ncols = 2 if len(chosen) > 1 else 1
     nrows = math.ceil(len(chosen) / ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(6.5 * ncols, 2.9 * nrows), sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 2.9 * nrows), sharex=True, squeeze=False)
     for ax, key in zip(axes.flat, chosen, strict=False):
         series = key_series(run, key)
         t = [_s(run, s) for s, *_ in series]
@@ -202,9 +190,7 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
             linewidth=0,
             label="rank min–max",
         )
-        ax.plot(
-            t, [m for _, m, _, _ in series], color=color, linewidth=1.1, label="median over ranks"
-        )
+        ax.plot(t, [m for _, m, _, _ in series], color=color, linewidth=1.1, label="median over ranks")
         base = run.baselines.get(key)
         if base:
             ax.plot(
@@ -232,11 +218,7 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
     handles = [
         plt.Line2D([], [], color="0.4", linewidth=1.1, label="busbw, median over ranks"),
         Patch(color="0.4", alpha=0.2, label="rank min–max"),
-        *(
-            [plt.Line2D([], [], color="0.15", linestyle="--", label="learned baseline")]
-            if run.baselines
-            else []
-        ),
+        *([plt.Line2D([], [], color="0.15", linestyle="--", label="learned baseline")] if run.baselines else []),
         plt.Line2D([], [], color=THROUGHPUT_COLOR, label="job TFLOP/s per GPU (right axis)"),
         *_legend_patches(anomalies, faults),
     ]

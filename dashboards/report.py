@@ -44,8 +44,7 @@ Key = tuple[str, str, str, str, str]  # (job, comm, op, size_bucket, transport)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "run",
-        help="a spool directory, a run directory (spool/ + labels.json), a .tar.gz of one, "
-        "or a .jsonl[.gz] file",
+        help="a spool directory, a run directory (spool/ + labels.json), a .tar.gz of one, or a .jsonl[.gz] file",
     )
     p.add_argument(
         "--events",
@@ -53,14 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="anomaly events as JSON lines (ncclwatch watch --events-out); default: run the "
         "detectors over the recording, as `ncclwatch watch` would",
     )
-    p.add_argument(
-        "--labels", metavar="FILE", help="injected faults (labels.json); default: RUN/labels.json"
-    )
+    p.add_argument("--labels", metavar="FILE", help="injected faults (labels.json); default: RUN/labels.json")
     p.add_argument("--out", metavar="DIR", help="output directory (default: report-<RUN name>)")
     p.add_argument("--job", help="only this job (default: every job in the recording)")
-    p.add_argument(
-        "--max-keys", type=int, default=12, help="plot at most this many keys per job (default 12)"
-    )
+    p.add_argument("--max-keys", type=int, default=12, help="plot at most this many keys per job (default 12)")
 
 
 # ----------------------------------------------------------------------------- the run
@@ -134,15 +129,9 @@ def anomaly_intervals(events: list[AnomalyEvent], end_ns: int) -> list[Interval]
             continue
         first = firing.pop(ev.id, ev)
         end = ev.end_ns if ev.end_ns is not None else ev.detected_ns
-        out.append(
-            Interval(ev.type, first.start_ns, end, ev.job, ev.key or {}, ev, first.detected_ns)
-        )
+        out.append(Interval(ev.type, first.start_ns, end, ev.job, ev.key or {}, ev, first.detected_ns))
     for ev in firing.values():
-        out.append(
-            Interval(
-                ev.type, ev.start_ns, end_ns, ev.job, ev.key or {}, ev, ev.detected_ns, open=True
-            )
-        )
+        out.append(Interval(ev.type, ev.start_ns, end_ns, ev.job, ev.key or {}, ev, ev.detected_ns, open=True))
     return sorted(out, key=lambda i: (i.start_ns, i.kind))
 
 
@@ -265,9 +254,7 @@ def load(args: argparse.Namespace, cfg: Config) -> Run:
         add_window(w)
     run.late_ops = windower.late_total
     if args.events:
-        run.events = [
-            e for e in read_events(Path(args.events)) if not args.job or e.job == args.job
-        ]
+        run.events = [e for e in read_events(Path(args.events)) if not args.job or e.job == args.job]
         run.events_source = args.events
     elif not run.events:
         run.events = detect(records, cfg, run)
@@ -297,9 +284,7 @@ def key_weight(run: Run, key: Key) -> int:
 def top_keys(run: Run, job: str, n: int) -> list[Key]:
     keys = sorted(run.keys(job), key=lambda k: -key_weight(run, k))[:n]
     # then by transport class, op and size, so related keys sit next to each other
-    return sorted(
-        keys, key=lambda k: (k[4] not in NETWORK_TRANSPORTS, k[2], size_bucket_bytes(k[3]), k[1])
-    )
+    return sorted(keys, key=lambda k: (k[4] not in NETWORK_TRANSPORTS, k[2], size_bucket_bytes(k[3]), k[1]))
 
 
 def rank_matrix(run: Run, job: str, comm: str) -> tuple[list[int], list[int], list[list[float]]]:
@@ -383,8 +368,7 @@ def markdown(run: Run, figures: dict[str, dict[str, str]]) -> str:
         "",
         f"- source: `{run.source}`",
         f"- recorded: {_clock(run.t0_ns)}, {span_s:.0f} s",
-        f"- records: {kinds}"
-        + (f"; {run.quarantined} bad lines left out" if run.quarantined else ""),
+        f"- records: {kinds}" + (f"; {run.quarantined} bad lines left out" if run.quarantined else ""),
         f"- anomaly events: {len(run.events)}, from {run.events_source}",
     ]
     if run.late_ops:
@@ -414,8 +398,7 @@ def _job_section(run: Run, job: str, figs: dict[str, str]) -> list[str]:
     out += ["", "### Anomalies", ""]
     if spans:
         out += [
-            "| # | type | where | from | for | busbw baseline → observed | effect | throughput "
-            "| severity |",
+            "| # | type | where | from | for | busbw baseline → observed | effect | throughput | severity |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for n, i in enumerate(spans, 1):

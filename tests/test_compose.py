@@ -50,9 +50,7 @@ def compose_spec_schema() -> dict:
     at = data.find(b'"$id": "compose_spec.json"')
     assert at > 0, "compose_spec.json not found in the compose binary"
     start = data.rfind(b"{", 0, at)
-    schema, _ = json.JSONDecoder().raw_decode(
-        data[start : start + 1_000_000].decode("utf-8", "replace")
-    )
+    schema, _ = json.JSONDecoder().raw_decode(data[start : start + 1_000_000].decode("utf-8", "replace"))
     assert schema["title"] == "Compose Specification"
     return schema
 
@@ -89,9 +87,7 @@ def test_docker_compose_config_accepts_the_project():
 
 def test_docker_compose_config_rejects_a_broken_project(tmp_path):
     broken = tmp_path / "compose.yml"
-    broken.write_text(
-        COMPOSE_FILE.read_text().replace("condition: service_healthy", "condition: whenever", 1)
-    )
+    broken.write_text(COMPOSE_FILE.read_text().replace("condition: service_healthy", "condition: whenever", 1))
     r = compose("-f", str(broken), "config", "--quiet")
     assert r.returncode != 0
 
@@ -114,9 +110,7 @@ def test_every_image_is_pinned_to_an_explicit_version(model):
         image = svc["image"]
         repo, _, tag = image.rpartition(":")
         assert repo and "/" not in tag, f"{name}: {image} has no tag"
-        assert tag != "latest" and re.search(r"\d", tag), (
-            f"{name}: {image} is not pinned to a version"
-        )
+        assert tag != "latest" and re.search(r"\d", tag), f"{name}: {image} is not pinned to a version"
 
 
 def test_kafka_runs_kraft_from_the_apache_image(model):
@@ -163,11 +157,7 @@ def test_environment_names_are_real_config_keys(model):
 
     cfg = config.load(None, environ={})
     for name in ("worker", "forwarder"):
-        env = {
-            k: v
-            for k, v in model["services"][name]["environment"].items()
-            if k.startswith("NCCLWATCH_")
-        }
+        env = {k: v for k, v in model["services"][name]["environment"].items() if k.startswith("NCCLWATCH_")}
         # config.load rejects values of the wrong type; unknown names it ignores, so check those.
         config.load(None, environ=env)
         for key in env:
@@ -189,9 +179,7 @@ def test_grafana_is_provisioned_from_the_repo(model):
     grafana = model["services"]["grafana"]
     mounts = {v["target"]: Path(v["source"]) for v in grafana["volumes"] if v["type"] == "bind"}
     assert mounts["/etc/grafana/provisioning"] == REPO / "dashboards" / "provisioning"
-    providers = yaml.safe_load(
-        (REPO / "dashboards/provisioning/dashboards/ncclwatch.yml").read_text()
-    )
+    providers = yaml.safe_load((REPO / "dashboards/provisioning/dashboards/ncclwatch.yml").read_text())
     path = providers["providers"][0]["options"]["path"]
     assert mounts[path] == REPO / "dashboards" / "grafana"
     assert sorted(p.name for p in mounts[path].glob("*.json")) == [
@@ -210,8 +198,7 @@ def test_grafana_datasource_points_at_the_prometheus_service(model):
     assert prom[0]["url"] == "http://prometheus:9090"
     # $__rate_interval is at least 4× this: it must be the scrape interval really used.
     assert (
-        prom[0]["jsonData"]["timeInterval"]
-        == yaml.safe_load(PROMETHEUS_YML.read_text())["global"]["scrape_interval"]
+        prom[0]["jsonData"]["timeInterval"] == yaml.safe_load(PROMETHEUS_YML.read_text())["global"]["scrape_interval"]
     )
 
 
@@ -243,9 +230,7 @@ def test_prometheus_config_and_its_rule_files_pass_promtool(tmp_path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: run scripts/setup.sh"
     cfg = repo_prometheus_config(tmp_path)
-    r = subprocess.run(
-        [promtool, "check", "config", str(cfg)], capture_output=True, text=True, timeout=60
-    )
+    r = subprocess.run([promtool, "check", "config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr
 
@@ -259,9 +244,7 @@ def test_prometheus_scrapes_ncclwatch_with_honor_labels():
         for group in jobs[name]["static_configs"]:
             assert group["labels"]["cluster"], f"{name}: targets need a cluster label"
     assert cfg["rule_files"] == ["/etc/prometheus/rules/*.yml"]
-    assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
-        "alertmanager:9093"
-    ]
+    assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
 
 
 def test_scrape_targets_match_the_services_metrics_ports(model):
@@ -270,12 +253,8 @@ def test_scrape_targets_match_the_services_metrics_ports(model):
     cfg = yaml.safe_load(PROMETHEUS_YML.read_text())
     targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in cfg["scrape_configs"]}
     env = {n: model["services"][n]["environment"] for n in ("worker", "forwarder")}
-    assert targets["ncclwatch-worker"] == [
-        f"worker:{env['worker']['NCCLWATCH_DETECTOR_METRICS_PORT']}"
-    ]
-    assert targets["ncclwatch-forwarder"] == [
-        f"forwarder:{env['forwarder']['NCCLWATCH_INGEST_METRICS_PORT']}"
-    ]
+    assert targets["ncclwatch-worker"] == [f"worker:{env['worker']['NCCLWATCH_DETECTOR_METRICS_PORT']}"]
+    assert targets["ncclwatch-forwarder"] == [f"forwarder:{env['forwarder']['NCCLWATCH_INGEST_METRICS_PORT']}"]
     # and the ports are the configured defaults, so a bare `ncclwatch forward` matches too
     assert int(env["worker"]["NCCLWATCH_DETECTOR_METRICS_PORT"]) == DetectorConfig().metrics_port
     assert int(env["forwarder"]["NCCLWATCH_INGEST_METRICS_PORT"]) == IngestConfig().metrics_port

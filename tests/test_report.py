@@ -36,8 +36,7 @@ def event(
         type=type_,
         state=state,
         job="demo-job",
-        key=key
-        or {"comm": None, "comm_name": None, "op": None, "size_bucket": None, "transport": "net"},
+        key=key or {"comm": None, "comm_name": None, "op": None, "size_bucket": None, "transport": "net"},
         host=None,
         rank=rank,
         start_ns=start_ns,
@@ -114,9 +113,7 @@ def assert_real_png(path: Path, min_w: int = 800, min_h: int = 400) -> None:
     assert len(colours) > 50, (path, len(colours))
 
 
-def test_report_from_a_run_directory_writes_markdown_and_three_figures(
-    run_dir, events_file, tmp_path
-):
+def test_report_from_a_run_directory_writes_markdown_and_three_figures(run_dir, events_file, tmp_path):
     out = tmp_path / "report"
     rc = cli.main(["report", str(run_dir), "--events", str(events_file), "--out", str(out)])
     assert rc == 0
@@ -134,16 +131,12 @@ def test_report_from_a_run_directory_writes_markdown_and_three_figures(
     for png in ("overview-demo-job.png", "keys-demo-job.png", "ranks-demo-job.png"):
         assert f"]({png})" in md
     # the anomaly table: one row per anomaly, the open one marked
-    rows = [
-        line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
-    ]
+    rows = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 2 and not any(line.startswith("| 3 |") for line in md.splitlines())
     assert "network_path" in rows[0] and "22.0 → 14.3 GB/s" in rows[0] and "-13.0%" in rows[0]
     assert "(still firing)" in rows[1]
     # the labelled network fault is matched to the detection 4 s after it began
-    assert (
-        "| network_path | +55 s | +80 s | network_path, detected 4 s after the fault began |" in md
-    )
+    assert "| network_path | +55 s | +80 s | network_path, detected 4 s after the fault began |" in md
     assert "| straggler | +20 s | +40 s | none |" in md
     # every key of the demo topology is listed, the 32 MiB data-parallel ones first
     keys = [line for line in md.splitlines() if line.startswith("| 0x")]
