@@ -1,0 +1,161 @@
+/* Internal types shared by the plugin's files. Nothing here is exported: the build uses
+ * -fvisibility=hidden and only the ncclProfiler_vN tables in plugin.c are visible. */
+#ifndef NW_H
+#define NW_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "nw_profiler_abi.h"
+#include "record.h"
+
+/* Every handle given to NCCL starts with this header, so stopEvent/recordEventState
+ * dispatch on `kind` without a lookup, and a KernelCh handle can tell whether its op slot
+ * still belongs to the op it was started for (`generation`). */
+struct nw_hdr {
+  uint32_t kind;
+  _Atomic uint32_t generation;
+};
+enum {
+  NW_KIND_OP = 0x6e770001,     /* struct nw_op: a Coll or P2p event */
+  NW_KIND_KCH = 0x6e770002,    /* struct nw_kch: a KernelCh event */
+  NW_KIND_STATIC = 0x6e770003, /* static sentinels for API/group events: nothing to do */
+};
+
+#define NW_MAX_CHANNELS 64 /* MAXCHANNELS in NCCL 2.27 .. 2.30 */
+#define NW_NAME_MAX 1024   /* user strings (comm names, job ids, hosts) are cut here */
+#define NW_GPU_MAX 48
+
+/* Per-communicator metadata: written once in init, read by the writer until the last
+ * finalize. Records point at it, so it outlives its communicator's context. */
+struct nw_comm {
+  struct nw_comm* next;
+  uint64_t hash;
+  char hash_hex[19]; /* "0x" + 16 hex digits, the contract's `comm` */
+  char* name;        /* repaired UTF-8, "" when NCCL gave none */
+  int rank, nranks, nnodes, local_ranks;
+  const char* transport;
+  char gpu[NW_GPU_MAX]; /* "GPU-<uuid>" or "unknown" */
+  char gpu_bare[NW_GPU_MAX]; /* uuid without "GPU-" (Inspector's .prom file name) */
+  int gpu_ordinal;      /* CUDA device ordinal, -1 when unknown */
+  uint64_t id_prefix;   /* FNV-1a state after job␟host␟pid␟comm␟rank␟ */
+  char* json_fields;    /* pre-escaped "gpu":..,"comm":..,...,"transport":.. for op lines */
+};
+
+struct nw_op;
+struct nw_kch {
+  struct nw_hdr hdr; /* generation: the op's generation when this channel started */
+  struct nw_op* op;
+};
+
+/* One open Coll/P2p op. `life` packs the slot generation (high 32 bits) with the number
+ * of outstanding stops (low 32): 1 for the Coll/P2p stop plus one per expected KernelCh.
+ * Whoever moves it to 0 with a CAS owns the completion; the generation in the same word
+ * makes a late stop aimed at a recycled slot fail instead of corrupting the new op. */
+struct nw_op {
+  struct nw_hdr hdr;
+  _Atomic uint32_t state; /* NW_OP_FREE / NW_OP_OPEN */
+  _Atomic uint64_t life;
+  struct nw_ctx* ctx;
+  struct nw_op_rec rec; /* descriptor fields, filled at start */
+  uint8_t expect_kch;
+  int64_t launch_ns;
+  _Atomic int64_t stopped_ns; /* host time of the Coll/P2p stop; 0 before */
+  _Atomic uint64_t gpu_start; /* min channel start pTimer; UINT64_MAX before any */
+  _Atomic uint64_t gpu_stop;  /* max channel stop pTimer; 0 before any */
+  _Atomic uint32_t kch_timed; /* channels that reported a stop pTimer */
+  struct nw_kch kch[NW_MAX_CHANNELS];
+};
+enum { NW_OP_FREE = 0, NW_OP_OPEN = 1 };
+
+/* Per-communicator context, handed to NCCL as `context`. */
+struct nw_ctx {
+  struct nw_ctx* next; /* g.ctxs, under g.ctx_mu */
+  struct nw_comm* comm;
+  struct nw_op* ops;
+  uint32_t n_ops;
+  _Atomic uint32_t cursor;
+  _Atomic uint64_t* p2p_seq; /* [send/recv][peer], plus one overflow pair */
+  uint32_t n_p2p_seq;
+  /* GPU clock calibration: offset = host - globaltimer, minimum over a sliding window */
+  _Atomic int64_t cal_cur, cal_prev, cal_window_start;
+};
+
+struct nw_ring;
+struct nw_writer;
+
+struct nw_global {
+  pthread_mutex_t life_mu; /* init/finalize/exit: the plugin's lifecycle */
+  pthread_mutex_t ctx_mu;  /* the ctx list, shared with the writer's reaper */
+  int n_ctx;
+  bool started;
+  bool exited; /* the atexit flush ran: the writer is gone for good */
+  _Atomic uint64_t epoch; /* bumped at each start so threads drop stale ring pointers */
+  struct nw_config cfg;
+  nw_nccl_logger logfn;
+  int iface_version; /* 4, 5 or 6: the table NCCL loaded us through */
+  int* _Atomic mask_ptr; /* NCCL's process-wide activation mask; set by every init */
+  int base_mask;
+  char* job;
+  char* host;
+  char job_safe[129];
+  char host_safe[129];
+  long pid;
+  char gpu[NW_GPU_MAX]; /* the first communicator's GPU: names this process's segments */
+  int first_rank;
+  struct nw_comm* comms;
+  struct nw_ctx* ctxs;
+  _Atomic(struct nw_ring*)* rings;
+  uint32_t n_rings;
+  pthread_key_t ring_key;
+  bool ring_key_ok;
+  _Atomic uint64_t dropped[NW_DROP_N];
+  _Atomic uint64_t group_calls;
+  _Atomic uint64_t stale_events;
+  struct nw_writer* writer;
+  /* Writer counters, kept across a stop/start within one process so totals stay "since
+   * the process started" and segment names are never reused (writer thread only). */
+  uint64_t seg_next_index;
+  uint64_t recorded;
+  uint64_t drops_reported[NW_DROP_N];
+};
+extern struct nw_global nw_g;
+
+int64_t nw_now_ns(void); /* CLOCK_REALTIME */
+void nw_count_drop(enum nw_drop_reason reason);
+
+/* pool.c */
+int nw_ctx_pool_init(struct nw_ctx* ctx, uint32_t n_ops);
+void nw_ctx_pool_free(struct nw_ctx* ctx);
+struct nw_op* nw_op_alloc(struct nw_ctx* ctx);
+/* Drop one outstanding stop of `op` (generation `gen`); completes the op at the last. */
+void nw_op_release(struct nw_op* op, uint32_t gen);
+/* Complete an open op now (timing "host") if its stop came more than timeout_ns ago, or
+ * unconditionally when force. Returns true when this call completed it. */
+bool nw_op_reap(struct nw_op* op, int64_t now_ns, int64_t timeout_ns, bool force);
+size_t nw_ctx_reap(struct nw_ctx* ctx, int64_t now_ns, int64_t timeout_ns, bool force);
+void nw_cal_sample(struct nw_ctx* ctx, int64_t host_ns, uint64_t gpu_ns);
+int64_t nw_cal_offset(struct nw_ctx* ctx);
+
+/* ring.c */
+int nw_rings_start(void);
+void nw_rings_stop(void); /* after the writer is joined */
+/* Push from the calling thread's ring; counts a ring_full drop when it cannot. */
+void nw_ring_push(const struct nw_op_rec* rec);
+/* Writer side: call fn for every record in every ring; frees rings of exited threads. */
+size_t nw_rings_drain(void (*fn)(const struct nw_op_rec*, void*), void* arg, size_t max_per_ring);
+
+/* writer.c */
+int nw_writer_start(void);
+void nw_writer_wake(void);
+void nw_writer_request_stats(void);
+/* Final drain, stats, join. release=false at process exit: memory is left in place. */
+void nw_writer_stop(bool release);
+
+/* gpu.c */
+void nw_gpu_current(char gpu[NW_GPU_MAX], char bare[NW_GPU_MAX], int* ordinal);
+
+#endif
