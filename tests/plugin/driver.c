@@ -589,7 +589,8 @@ static void scenario_basic(void) {
 
 /* Several communicators (a split one with its own hash), app threads issuing ops, and a
  * "proxy" thread delivering KernelCh events in scrambled order. */
-#define THR_OPS 3000
+/* Ops per app thread in the threads scenario (NW_TEST_THREAD_OPS overrides). */
+static uint64_t THR_OPS = 3000;
 #define MAX_OUTSTANDING 512
 
 struct work {
@@ -698,9 +699,10 @@ static void scenario_threads(void) {
   struct spool s;
   spool_read(&s, spool_root);
   check_spool_common(&s);
-  CHECK(count_kind(&s, "op") == 4 * THR_OPS, "%d ops, got %zu", 4 * THR_OPS, count_kind(&s, "op"));
+  CHECK(count_kind(&s, "op") == 4 * THR_OPS, "%llu ops, got %zu", (unsigned long long)(4 * THR_OPS),
+        count_kind(&s, "op"));
   const struct mj* st = last_stats(&s);
-  CHECK(st && recorded(&s) == 4 * THR_OPS && dropped_total(&s) == 0,
+  CHECK(st && recorded(&s) == (int64_t)(4 * THR_OPS) && dropped_total(&s) == 0,
         "stats: recorded %lld, pool_full %lld, ring_full %lld", st ? (long long)recorded(&s) : -1,
         st ? (long long)dropped(&s, "pool_full") : -1, st ? (long long)dropped(&s, "ring_full") : -1);
   size_t bad = 0;
@@ -1374,6 +1376,7 @@ int main(int argc, char** argv) {
   if (argc == 3) return exit_child();
 
   long stress_events = strtol(argv[3], NULL, 10);
+  if (getenv("NW_TEST_THREAD_OPS")) THR_OPS = strtoull(getenv("NW_TEST_THREAD_OPS"), NULL, 10);
   mkdir(outdir, 0755);
   /* NW_TEST_ONLY=name runs one scenario (debugging). */
   const char* only = getenv("NW_TEST_ONLY");
