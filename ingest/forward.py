@@ -38,7 +38,7 @@ from ncclwatch.ingest.inspector import (
     windows_from_prom,
 )
 from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.parse import parse
+from ncclwatch.ingest.parse import FastOpRecord, parse
 from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
 from ncclwatch.ingest.trainlog import ThroughputParser
@@ -248,15 +248,19 @@ class Forwarder:
         end = rec.start_ns + rec.exec_ns
         ws = end - end % self.window_ns
         if ws not in starts:
-            starts[ws] = off
-            if src not in self.src_stream:
-                key = (wname, (rec.job, rec.host, rec.pid))
-                self.src_stream[src] = key
-                self.stream_srcs[key].add(src)
+            self._new_window_start(wname, rec, src, off, starts, ws)
         closed = self.windowers[wname].add(rec)
         if closed:
             self._emit_windows(closed, out)
             self._prune((wname, (rec.job, rec.host, rec.pid)))
+
+    def _new_window_start(self, wname: str, rec: Any, src: str, off: int,
+                          starts: dict[int, int], ws: int) -> None:
+        starts[ws] = off
+        if src not in self.src_stream:
+            key = (wname, (rec.job, rec.host, rec.pid))
+            self.src_stream[src] = key
+            self.stream_srcs[key].add(src)
 
     def _emit_windows(self, closed: list, out: list) -> None:
         wt = self.topics.windows
@@ -288,54 +292,75 @@ class Forwarder:
         out.append((self.topics.quarantine, q.source.encode(), line))
 
     def _read_spool(self, chunks: list, out: list, ops: dict) -> int:
-        ops_topic = self.topics.ops
-        tp_topic = self.topics.throughput
+        # The hot path of the forwarder: keep per-line work to parse, window, group.
+        windower = self.windowers["spool"]
+        wadd = windower.add
+        window_ns = self.window_ns
+        fast_op = FastOpRecord
         n = 0
         now = self.clock()
         for chunk in chunks:
             src = chunk.source
             floor = self.floor.get(src, -1)
             starts = self.open_first.setdefault(src, {})
-            off = chunk.offset
-            single = len(chunk.raws) == 1
+            raws = chunk.raws
             self.last_seen[src] = now
-            for raw in chunk.raws:
-                nxt = chunk.next_offset if single else off + len(raw) + 1
+            # A chunk of one cut or unterminated line says where that line ended.
+            ends = [chunk.next_offset] if len(raws) == 1 else None
+            off = chunk.offset
+            for raw in raws:
+                nxt = off + len(raw) + 1 if ends is None else ends[0]
                 rec = parse(raw, src, off)
-                kind = rec.KIND
-                send = nxt > floor
-                if kind == "op":
-                    self._window_op("spool", rec, src, off, starts, out)
-                    if send:
+                if type(rec) is fast_op:
+                    end = rec.start_ns + rec.exec_ns
+                    ws = end - end % window_ns
+                    if ws not in starts:
+                        self._new_window_start("spool", rec, src, off, starts, ws)
+                    closed = wadd(rec)
+                    if closed:
+                        self._emit_windows(closed, out)
+                        self._prune(("spool", (rec.job, rec.host, rec.pid)))
+                    if nxt > floor:
                         key = f"{rec.job}|{rec.comm}"
                         group = ops.get(key)
                         if group is None:
                             ops[key] = [raw]
                         else:
                             group.append(raw)
-                elif not send:
-                    pass
-                elif kind == "quarantined":
-                    self._quarantine(rec, out)
-                elif kind == "throughput":
-                    out.append((tp_topic, rec.job.encode(), raw))
-                elif kind == "drop":
-                    self.metrics.plugin_drops(rec.job, rec.host, rec.pid, rec.reason, rec.total)
-                    out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
-                elif kind == "plugin_stats":
-                    for reason, total in rec.dropped.items():
-                        if isinstance(total, int):
-                            self.metrics.plugin_drops(rec.job, rec.host, rec.pid, reason, total)
-                    out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
-                elif kind == "window":
-                    out.append((self.topics.windows, rec.job.encode(), raw))
-                else:
-                    out.append((self.topics.anomalies, rec.job.encode(), raw))
+                elif nxt > floor:
+                    self._route_other(rec, raw, src, off, out, ops)
+                elif rec.KIND == "op":  # an op that took the slow path, replayed
+                    self._window_op("spool", rec, src, off, starts, out)
                 off = nxt
-                n += 1
+            n += len(raws)
             if floor >= 0 and off >= floor:
                 del self.floor[src]
         return n
+
+    def _route_other(self, rec: Any, raw: bytes, src: str, off: int, out: list,
+                     ops: dict) -> None:
+        """Everything but a fast-path op (slow-path records, quarantine, other kinds)."""
+        kind = rec.KIND
+        ops_topic = self.topics.ops
+        if kind == "op":
+            self._window_op("spool", rec, src, off, self.open_first.setdefault(src, {}), out)
+            ops.setdefault(f"{rec.job}|{rec.comm}", []).append(raw)
+        elif kind == "quarantined":
+            self._quarantine(rec, out)
+        elif kind == "throughput":
+            out.append((self.topics.throughput, rec.job.encode(), raw))
+        elif kind == "drop":
+            self.metrics.plugin_drops(rec.job, rec.host, rec.pid, rec.reason, rec.total)
+            out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
+        elif kind == "plugin_stats":
+            for reason, total in rec.dropped.items():
+                if isinstance(total, int):
+                    self.metrics.plugin_drops(rec.job, rec.host, rec.pid, reason, total)
+            out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
+        elif kind == "window":
+            out.append((self.topics.windows, rec.job.encode(), raw))
+        else:
+            out.append((self.topics.anomalies, rec.job.encode(), raw))
 
     def _inspector_job(self, src: str) -> str:
         job = self.inspector_jobs.get(src)

@@ -165,6 +165,8 @@ class Windower:
         self._streams: dict[Stream, _StreamState] = {}
         self._buckets: dict[int, str] = {}
         self.late_total = 0
+        self._last_st: _StreamState | None = None
+        self._last_pid = self._last_host = self._last_job = None
 
     # -- the hot path ---------------------------------------------------------------
 
@@ -173,10 +175,17 @@ class Windower:
         w = self._window_ns
         end = op.start_ns + op.exec_ns
         start = end - end % w
-        stream = (op.job, op.host, op.pid)
-        st = self._streams.get(stream)
-        if st is None:
-            st = self._streams[stream] = _StreamState()
+        # Consecutive ops mostly come from the same process: skip the stream lookup then.
+        pid = op.pid
+        st = self._last_st
+        if st is None or pid != self._last_pid or op.host != self._last_host \
+                or op.job != self._last_job:
+            stream = (op.job, op.host, pid)
+            st = self._streams.get(stream)
+            if st is None:
+                st = self._streams[stream] = _StreamState()
+            self._last_st, self._last_pid = st, pid
+            self._last_host, self._last_job = op.host, op.job
         if start < st.closed_before_ns:
             self.late_total += 1
             return []
@@ -288,3 +297,4 @@ class Windower:
     def forget(self, stream: Stream) -> None:
         """Drop a finished process's state (after :meth:`flush` of it)."""
         self._streams.pop(stream, None)
+        self._last_st = None

@@ -35,7 +35,8 @@ def mutations():
     """(name, raw line) pairs: each good record, and many ways to break it."""
     bad_values = [None, True, False, -1, 0, 1, 1.5, -0.5, "x", "", [], {}, 2**70,
                   "0123456789abcdef", "0x00000000000000ab", "0x00000000000000AB", "nvlink",
-                  "kernel_gpu", "bogus", float("nan")]
+                  "kernel_gpu", "bogus", float("nan"), "0x0123456789abcd", "0123456789ABCDEF",
+                  " 123456789abcdef", "0123456789abcdeg"]
     for kind, good in GOOD.items():
         yield f"{kind}-good", json.dumps(good).encode()
         for field in good:

@@ -1,0 +1,150 @@
+"""Forwarder throughput: spool files -> acknowledged Kafka writes, records per CPU-second.
+
+Runs the real forwarder (in this process, so its CPU time is measured without the
+interpreter's start-up and imports) against the real local Kafka broker of
+scripts/services.sh, on a synthetic spool in the plugin's layout. CPU time is
+``getrusage(RUSAGE_SELF)`` user+sys over ``Forwarder.run()``: the main thread and
+kafka-python's sender thread, everything the forwarder process spends.
+
+    .venv/bin/python bench/ingest/bench_forward.py [--records 60000] [--repeats 3]
+        [--out docs/bench/ingest.md] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import os
+import platform
+import pstats
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from ncclwatch import config, testing
+from ncclwatch.ingest.forward import Forwarder, Options
+from ncclwatch.ingest.metrics import ForwarderMetrics
+from ncclwatch.ingest.synth import write_spool
+
+CONFIGS = [
+    # (ops_per_message, compression, batch_size)
+    (1, "gzip", 500), (1, "gzip", 2000), (1, "gzip", 8000),
+    (1, "lz4", 2000),
+    (100, "gzip", 2000),
+    (100, "lz4", 500), (100, "lz4", 2000), (100, "lz4", 8000),
+]
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, batch: int,
+            profile: bool = False) -> tuple[float, float, int]:
+    prefix = testing.unique_name("bench")
+    env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4"}
+    for k in ("ops", "windows", "throughput", "quarantine", "anomalies"):
+        env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
+    cfg = config.load(None, environ=env)
+    state = tempfile.mkdtemp(prefix="ncclwatch-bench-state-")
+    opts = Options(spool_dir=spool, state_dir=state, node_id="bench", once=True,
+                   delete_acked=False, ops_per_message=per_msg, compression=codec,
+                   batch_size=batch)
+    fwd = Forwarder(cfg, opts, metrics=ForwarderMetrics())
+    fwd._connect()  # topic creation is set-up, not forwarding
+    prof = cProfile.Profile() if profile else None
+    c0, w0 = cpu_s(), time.perf_counter()
+    if prof:
+        prof.enable()
+    rc = fwd.run()
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    c1, w1 = cpu_s(), time.perf_counter()
+    shutil.rmtree(state, ignore_errors=True)
+    assert rc == 0
+    sent_ops = int(fwd.metrics.registry.get_sample_value(
+        "ncclwatch_forwarder_records_sent_total", {"topic": cfg.topics.ops}) or 0)
+    assert sent_ops == records, (sent_ops, records)
+    return c1 - c0, w1 - w0, sent_ops
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=60000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--profile", action="store_true", help="one profiled run of the packed config")
+    ap.add_argument("--only", default="", help="ops_per_message,codec,batch: run just that config")
+    args = ap.parse_args()
+    bootstrap = testing.ensure_started("kafka").kafka_bootstrap
+    spool = tempfile.mkdtemp(prefix="ncclwatch-bench-spool-")
+    streams = 8
+    write_spool(spool, streams=streams, ops_per_stream=args.records // streams,
+                segment_ops=5000, comms=4)
+    records = streams * (args.records // streams)
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(spool) for f in fs)
+    if args.profile:
+        one_run(bootstrap, spool, records, 100, "lz4", 2000, profile=True)
+        return 0
+    rows = []
+    configs = CONFIGS
+    if args.only:
+        a, b, c = args.only.split(",")
+        configs = [(int(a), b, int(c))]
+    for per_msg, codec, batch in configs:
+        rates, walls = [], []
+        for _ in range(args.repeats):
+            cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch)
+            rates.append(n / cpu)
+            walls.append(n / wall)
+        rows.append((per_msg, codec, batch, rates, walls))
+        print(f"ops/msg={per_msg:<4} {codec:<5} batch={batch:<5} records/cpu-s median="
+              f"{statistics.median(rates):>9,.0f} min={min(rates):,.0f} max={max(rates):,.0f}"
+              f"  wall records/s median={statistics.median(walls):,.0f}", flush=True)
+    shutil.rmtree(spool, ignore_errors=True)
+    if args.out:
+        write_report(args.out, rows, records, size, args.repeats)
+    return 0
+
+
+def write_report(path: str, rows, records: int, size: int, repeats: int) -> None:
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    lines = [
+        "| ops per Kafka message | compression | batch (lines) | records / CPU-s, median | "
+        "min – max | records / s wall, median |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for per_msg, codec, batch, rates, walls in rows:
+        lines.append(f"| {per_msg} | {codec} | {batch} | {statistics.median(rates):,.0f} | "
+                     f"{min(rates):,.0f} – {max(rates):,.0f} | {statistics.median(walls):,.0f} |")
+    table = "\n".join(lines)
+    meta = (f"Measured {datetime.date.today()} on `nproc`={os.cpu_count()}, {cpu}, "
+            f"Python {platform.python_version()}, kafka-python, local single-node Kafka "
+            f"(scripts/services.sh) on the same machine. {records:,} op records "
+            f"({size / records:.0f} bytes a line, 8 streams × 4 communicators, 5000-line "
+            f"segments), {repeats} repeats per row.")
+    marker_start, marker_end = "<!-- bench:start -->", "<!-- bench:end -->"
+    block = f"{marker_start}\n{meta}\n\n{table}\n{marker_end}"
+    text = open(path).read() if os.path.exists(path) else ""
+    if marker_start in text:
+        head, rest = text.split(marker_start, 1)
+        text = head + block + rest.split(marker_end, 1)[1]
+    else:
+        text = text + "\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
