@@ -6,10 +6,13 @@
 #   docker build -t ncclwatch:0.1.0 .
 #   docker run --rm ncclwatch:0.1.0 --help
 #   docker create --name nw ncclwatch:0.1.0 && docker cp nw:/opt/ncclwatch/lib . && docker rm nw
+#   (lib/libncclwatch-profiler.so: NCCL_PROFILER_PLUGIN for training jobs, docs/deploy.md)
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: the C plugin (gcc) and wheels for ncclwatch and its dependencies ----------
+# (tests/test_compose.py runs these RUN lines on the same build context, minus the download
+# of the dependencies' wheels)
 FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev make \
@@ -18,8 +21,7 @@ WORKDIR /src
 COPY . .
 RUN make -C plugin \
     && mkdir -p /out/lib \
-    && find plugin -name '*.so' -exec cp {} /out/lib/ \; \
-    && test -n "$(ls /out/lib)"
+    && cp plugin/build/libncclwatch-profiler.so /out/lib/
 RUN pip wheel --no-cache-dir --wheel-dir /out/wheels .
 
 # ---- runtime: no compiler, no sources, a non-root user ---------------------------------

@@ -9,10 +9,14 @@ the schema itself and not only against what one Compose version happens to accep
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import jsonschema
@@ -95,7 +99,6 @@ def test_docker_compose_config_rejects_a_broken_project(tmp_path):
 def test_the_stack_has_every_service(model):
     assert set(model["services"]) >= {
         "kafka",
-        "kafka-topics",
         "prometheus",
         "alertmanager",
         "grafana",
@@ -165,14 +168,14 @@ def test_environment_names_are_real_config_keys(model):
             assert hasattr(getattr(cfg, section), field), f"{name}: {key} is no config key"
 
 
-def test_kafka_topics_created_match_the_configured_topics(model):
-    from ncclwatch.config import TopicsConfig
-
-    script = " ".join(model["services"]["kafka-topics"]["command"])
-    t = TopicsConfig()
-    for topic in (t.ops, t.windows, t.throughput, t.anomalies, t.quarantine, t.dead_letter):
-        assert topic in script
-    assert f"--partitions {t.partitions}" in script
+def test_the_forwarder_starts_after_the_worker_has_created_the_topics(model):
+    # Kafka auto-creates nothing here: the worker creates every topic (ensure_topics) with
+    # the partition counts Faust needs, and only then reports healthy.
+    assert model["services"]["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    deps = model["services"]["forwarder"]["depends_on"]
+    assert deps["worker"]["condition"] == "service_healthy"
+    assert model["services"]["worker"]["healthcheck"]["test"]
+    assert model["services"]["worker"]["command"] == ["worker"]
 
 
 def test_grafana_is_provisioned_from_the_repo(model):
@@ -317,3 +320,134 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context():
     # what `pip wheel .` and `make -C plugin` need must stay in
     for needed in ("README.md", "pyproject.toml", "plugin", "ncclwatch"):
         assert needed not in ignored
+
+
+def docker_context(tmp: Path) -> Path:
+    """The files `docker build .` would send: the checkout's files less .dockerignore's."""
+    patterns = [
+        p.strip().strip("/")
+        for p in (REPO / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        parts = path.split("/")
+        for pat in patterns:
+            if pat.startswith("**/"):
+                if any(fnmatch.fnmatch(part, pat[3:]) for part in parts):
+                    return True
+            elif any(fnmatch.fnmatch("/".join(parts[: i + 1]), pat) for i in range(len(parts))):
+                return True
+        return False
+
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    ctx = tmp / "context"
+    for f in files:
+        if (REPO / f).is_file() and not ignored(f):
+            (ctx / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, ctx / f)
+    return ctx
+
+
+@pytest.mark.slow
+def test_the_build_stage_commands_build_the_plugin_and_the_wheel_from_the_build_context(tmp_path):
+    ctx = docker_context(tmp_path)
+    assert not (ctx / "tests").exists() and not (ctx / ".venv").exists()
+    build, _ = dockerfile_stages()
+    runs = [i.removeprefix("RUN ") for i in build if i.startswith("RUN ") and "apt-get" not in i]
+    out = tmp_path / "out"
+    env = {**os.environ, "HOME": str(tmp_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    for cmd in runs:
+        cmd = cmd.replace("/out/", f"{out}/")
+        if cmd.startswith("pip wheel"):
+            # the dependencies' wheels would be downloaded: build only ncclwatch's own
+            cmd = f"{sys.executable} -m {cmd.replace('pip wheel', 'pip wheel --no-deps', 1)}"
+        r = subprocess.run(["bash", "-ec", cmd], cwd=ctx, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert (out / "lib" / "libncclwatch-profiler.so").stat().st_size > 10_000
+    (wheel,) = (out / "wheels").glob("ncclwatch-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    for member in (
+        "ncclwatch/cli.py",
+        "ncclwatch/dashboards/report.py",
+        "ncclwatch/dashboards/grafana/ncclwatch-job.json",
+        "ncclwatch/schemas/op.v1.schema.json",
+        "ncclwatch/ingest/forward.py",
+        "ncclwatch/detectors/watch.py",
+    ):
+        assert member in names, member
+
+
+# ---------------------------------------------------------------------------- cluster nodes
+
+DEPLOY = REPO / "deploy"
+
+
+def test_the_forwarder_unit_passes_systemd_analyze_and_its_command_parses(tmp_path):
+    from ncclwatch import cli
+
+    unit = (DEPLOY / "systemd" / "ncclwatch-forward.service").read_text()
+    (exec_start,) = re.findall(r"^ExecStart=(.*)$", unit, re.M)
+    argv = exec_start.split()
+    assert argv[0].endswith("/ncclwatch") and argv[1] == "forward"
+    parser, module = cli.build_parser(argv[1:])
+    args = parser.parse_args(argv[1:])  # exits (SystemExit) on an unknown flag
+    assert args.command == "forward" and args.spool == "/var/spool/ncclwatch"
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze missing (Debian: systemd)"
+    # The unit as installed, except that the program it starts exists on this machine.
+    copy = tmp_path / "ncclwatch-forward.service"
+    copy.write_text(unit.replace(argv[0], shutil.which("true") or "/bin/true"))
+    r = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "User=ncclwatch" in unit and "Restart=always" in unit
+
+
+def test_tmpfiles_make_the_spool_sticky_and_world_writable():
+    lines = [x.split() for x in (DEPLOY / "systemd" / "ncclwatch-tmpfiles.conf").read_text().splitlines()]
+    spool = [x for x in lines if x[:2] == ["d", "/var/spool/ncclwatch"]]
+    assert spool and spool[0][2] == "1777"
+
+
+def run_script(name: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEPLOY / "slurm" / name)],
+        env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_task_prolog_loads_the_plugin_unless_the_job_opts_out_or_has_its_own(tmp_path):
+    plugin = tmp_path / "libncclwatch-profiler.so"
+    plugin.write_bytes(b"\x7fELF")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    base = {"SLURM_JOB_ID": "4242", "NCCLWATCH_PLUGIN": str(plugin), "NCCLWATCH_SPOOL": str(spool),
+            "NCCLWATCH_TEXTFILE": str(tmp_path / "absent")}  # fmt: skip
+    r = run_script("task-prolog.sh", base)
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == [f"export NCCL_PROFILER_PLUGIN={plugin}", f"export NCCLWATCH_SPOOL_DIR={spool}"]
+    (tmp_path / "textfile").mkdir()
+    r = run_script("task-prolog.sh", {**base, "NCCLWATCH_TEXTFILE": str(tmp_path / "textfile")})
+    assert f"export NCCLWATCH_INSPECTOR_PROM_DIR={tmp_path / 'textfile'}" in r.stdout.splitlines()
+    for extra in ({"NCCLWATCH_DISABLE": "1"}, {"NCCL_PROFILER_PLUGIN": "/opt/nccl/inspector.so"},
+                  {"NCCLWATCH_PLUGIN": str(tmp_path / "missing.so")}):  # fmt: skip
+        r = run_script("task-prolog.sh", {**base, **extra})
+        assert (r.returncode, r.stdout) == (0, ""), extra
+
+
+def test_epilog_removes_only_the_finished_jobs_spool(tmp_path):
+    spool = tmp_path / "spool"
+    for job in ("4242", "4243"):
+        (spool / job).mkdir(parents=True)
+        (spool / job / "h-GPU-0-1.000000.jsonl").write_text("{}\n")
+    env = {"NCCLWATCH_SPOOL": str(spool), "NCCLWATCH_EPILOG_GRACE_S": "0"}
+    assert run_script("epilog.sh", {**env, "SLURM_JOB_ID": "4242"}).returncode == 0
+    assert sorted(p.name for p in spool.iterdir()) == ["4243"]
+    # anything that is not a job id is refused, whatever directory it would name
+    for bad in ("..", "4243/..", "", "*"):
+        assert run_script("epilog.sh", {**env, "SLURM_JOB_ID": bad}).returncode == 0
+    assert sorted(p.name for p in spool.iterdir()) == ["4243"] and tmp_path.exists()
