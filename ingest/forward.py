@@ -837,6 +837,7 @@ def options_from(args: argparse.Namespace, cfg: Config) -> Options:
 
 def run(args: argparse.Namespace, cfg: Config) -> int:
     opts = options_from(args, cfg)
+    kafka_sink.install_redaction(cfg.kafka)
     metrics = ForwarderMetrics()
     port = cfg.ingest.metrics_port if args.metrics_port is None else args.metrics_port
     if port >= 0:

@@ -38,6 +38,41 @@ def describe(kafka: KafkaConfig) -> str:
     return f"bootstrap_hosts={n} security_protocol={kafka.security_protocol}"
 
 
+class RedactFilter(logging.Filter):
+    """Remove the broker addresses (and any secret values) from kafka-python's own logs."""
+
+    def __init__(self, kafka: KafkaConfig):
+        super().__init__()
+        needles = set()
+        for entry in kafka.bootstrap_servers.split(","):
+            entry = entry.strip()
+            if entry:
+                needles.add(entry)
+                needles.add(entry.rsplit(":", 1)[0])
+        needles.update(v for v in (kafka.sasl_plain_password, kafka.ssl_password,
+                                   kafka.sasl_plain_username) if v)
+        # Longest first, so "host:port" goes before "host".
+        self.needles = sorted((n for n in needles if n), key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        redacted = msg
+        for n in self.needles:
+            redacted = redacted.replace(n, "<redacted>")
+        if redacted != msg:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def install_redaction(kafka: KafkaConfig) -> RedactFilter:
+    """Filter every root handler: kafka-python logs from many loggers, and a logger's own
+    filters do not see records propagated from its children."""
+    f = RedactFilter(kafka)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(f)
+    return f
+
+
 def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,
                   linger_ms: int, request_timeout_ms: int = 10_000,
                   delivery_timeout_ms: int = 30_000, bootstrap_timeout_ms: int = 3_000) -> Any:

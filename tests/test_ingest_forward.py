@@ -85,3 +85,21 @@ def test_restart_resumes_the_buffer(tmp_path):
     assert n > 0 and not [m for m in batch.messages if m[0] == cfg.topics.ops]
     assert isinstance(parse_line(again.buffer.peek()[0][2].split(b"\n")[0]), OpRecord)
     again.close()
+
+
+def test_kafka_logs_are_redacted(caplog):
+    import logging
+
+    from ncclwatch.ingest.kafka_sink import RedactFilter, describe
+
+    kafka = config.load(None, environ={
+        "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": "broker-7.example:9093,10.1.2.3:9092",
+        "NCCLWATCH_KAFKA_SASL_PLAIN_PASSWORD": "hunter2"}).kafka
+    rec = logging.LogRecord("kafka.net", logging.WARNING, __file__, 1,
+                            "Unable to bootstrap from %s (pw %s) host %s",
+                            (["broker-7.example:9093", "10.1.2.3:9092"], "hunter2",
+                             "broker-7.example"), None)
+    RedactFilter(kafka).filter(rec)
+    text = rec.getMessage()
+    assert "broker-7" not in text and "10.1.2.3" not in text and "hunter2" not in text
+    assert describe(kafka) == "bootstrap_hosts=2 security_protocol=PLAINTEXT"

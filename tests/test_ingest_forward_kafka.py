@@ -312,3 +312,27 @@ def test_inspector_json_and_prom_become_op_and_window_records(kafka_bootstrap, t
     assert prom, "the .prom fixture produced no window"
     from_ops = [w for w in wins if w.job == "4242"]
     assert sum(w.count for w in from_ops) == len(ops)
+
+
+def test_sigterm_flushes_checkpoints_and_exits_zero(kafka_bootstrap, tmp_path):
+    cfg = make_cfg(kafka_bootstrap)
+    spool, state = tmp_path / "spool", tmp_path / "state"
+    write_spool(str(spool), streams=2, ops_per_stream=2000, segment_ops=1000)
+    expected = spool_index(spool)
+    proc = subprocess.Popen(_forward_cmd(spool, state), env=_env(cfg),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt = state / "n1" / "checkpoint.json"
+    try:
+        _wait(lambda: ckpt.exists() and len(consume(kafka_bootstrap, cfg.topics.ops, 5))
+              >= len(expected), 60, "everything delivered")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state_now = json.loads(ckpt.read_text())
+    # Every remaining file is acknowledged to its end (closed ones were deleted).
+    for path, off in state_now["acked"].items():
+        assert off == os.path.getsize(path)
+    ids = [r.id for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.ops))]
+    assert sorted(ids) == sorted(expected)
