@@ -336,3 +336,24 @@ def test_sigterm_flushes_checkpoints_and_exits_zero(kafka_bootstrap, tmp_path):
         assert off == os.path.getsize(path)
     ids = [r.id for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.ops))]
     assert sorted(ids) == sorted(expected)
+
+
+def test_throughput_from_the_api_and_a_training_log_reaches_its_topic(kafka_bootstrap, tmp_path):
+    from ncclwatch import report_throughput
+    from ncclwatch.records import ThroughputRecord
+
+    cfg = make_cfg(kafka_bootstrap)
+    spool = tmp_path / "spool"
+    for step in range(3):
+        report_throughput(300.0 + step, step, rank=0, spool_dir=str(spool), job="job-api")
+    log = tmp_path / "train.log"
+    log.write_text("".join(
+        f" iteration {i:8d}/ 1000 | lm loss: 2.1 | throughput per GPU (TFLOP/s/GPU): {305 + i}.5 |\n"
+        for i in (10, 11)) + "some other line\n")
+    run_once(cfg, tmp_path, spool, training_log=str(log), job="job-log")
+    recs = [(k, r) for _, k, r in records_of(consume(kafka_bootstrap, cfg.topics.throughput))]
+    assert all(isinstance(r, ThroughputRecord) and k == r.job.encode() for k, r in recs)
+    got = sorted((r.job, r.source, r.step, r.tflops_per_gpu) for _, r in recs)
+    assert got == [("job-api", "api", 0, 300.0), ("job-api", "api", 1, 301.0),
+                   ("job-api", "api", 2, 302.0), ("job-log", "log", 10, 315.5),
+                   ("job-log", "log", 11, 316.5)]
