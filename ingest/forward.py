@@ -171,10 +171,20 @@ class Forwarder:
         for _, tailer in self.sources:
             live = {p for s in tailer.discover() for p in s}
             for p in live:
-                if p in self.acked:
-                    tailer.positions[p] = min(self.acked[p], self.window_from.get(p, self.acked[p]))
-                    if p in inodes:
-                        tailer.inodes[p] = inodes[p]
+                if p not in self.acked:
+                    continue
+                try:
+                    st = os.stat(p)
+                except FileNotFoundError:
+                    continue
+                if (p in inodes and st.st_ino != inodes[p]) or st.st_size < self.acked[p]:
+                    # Replaced or truncated while we were down: the offsets belong to
+                    # another file. Read this one from 0 and send all of it.
+                    log.warning("event=file_changed_while_down path=%s; reading from 0", p)
+                    self.floor.pop(p, None)
+                    continue
+                tailer.positions[p] = min(self.acked[p], self.window_from.get(p, self.acked[p]))
+                tailer.inodes[p] = st.st_ino
 
         buf = state.get("buffer")
         self.buffer = DiskBuffer(os.path.join(self.node_dir, "buffer"),

@@ -103,3 +103,21 @@ def test_kafka_logs_are_redacted(caplog):
     text = rec.getMessage()
     assert "broker-7" not in text and "10.1.2.3" not in text and "hunter2" not in text
     assert describe(kafka) == "bootstrap_hosts=2 security_protocol=PLAINTEXT"
+
+
+def test_file_replaced_while_down_is_read_from_zero_and_sent_whole(tmp_path):
+    from ncclwatch.ingest import checkpoint
+
+    cfg = config.load(None, environ={"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    spool = tmp_path / "spool"
+    (p,) = write_spool(str(spool), streams=1, ops_per_stream=50)
+    ckpt = checkpoint.path_for(str(tmp_path / "state"), "n")
+    size = os.path.getsize(p)
+    checkpoint.save(ckpt, {"acked": {p: size}, "window_from": {p: 0},
+                           "inodes": {p: os.stat(p).st_ino + 1}, "prom": {}})
+    opts = Options(spool_dir=str(spool), state_dir=str(tmp_path / "state"), node_id="n")
+    fwd = Forwarder(cfg, opts, metrics=ForwarderMetrics())
+    batch, n = fwd._read_batch()
+    assert n == 50
+    assert sum(len(m[2].split(b"\n")) for m in batch.messages if m[0] == cfg.topics.ops) == 50
+    fwd.close()
