@@ -6,16 +6,17 @@
 Writes a spool directory the way the plugin and ``report_throughput`` write one: a job of
 2 nodes × 2 GPUs with a tensor-parallel communicator per node (``nvlink``), a
 data-parallel one per rail (``net``) and one over all four ranks (``mixed``). Two faults
-are injected and returned as labels, in the ``labels.json`` shape the scenario recorder
-writes: a straggler rank (it arrives late, so the others wait for it inside every
+are injected: a straggler rank (it arrives late, so the others wait for it inside every
 collective), then a degraded network path (network and mixed communicators lose
 bandwidth, and the job 13 % of its throughput, as in NVIDIA's Inspector experiment).
+They are returned as labels in the labelled-scenario format (``docs/scenarios.md``), which
+``ncclwatch eval`` scores against and ``ncclwatch report`` draws.
 
 >>> import tempfile
 >>> with tempfile.TemporaryDirectory() as d:
 ...     labels = write_demo_spool(Path(d), seconds=20, straggler_s=(5, 10), network_s=(12, 18))
 ...     n = sum(1 for p in Path(d).rglob("*.jsonl") for _ in p.open())
->>> [f["type"] for f in labels["faults"]], n
+>>> [label["type"] for label in labels["labels"]], n
 (['straggler', 'network_path'], 985)
 """
 
@@ -29,12 +30,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclwatch.detectors.labels import Label, LabelSet
+
 from ncclwatch.records import DropRecord, OpRecord, PluginStats, ThroughputRecord, to_json
 from ncclwatch.rules import (
     NETWORK_TRANSPORTS,
     bandwidths_gbs,
     message_bytes,
     record_id,
+    size_bucket,
     transport_class,
 )
 
@@ -100,7 +104,7 @@ def write_demo_spool(
     network_loss: float = 0.35,
     seed: int = 7,
 ) -> dict:
-    """Write the recording under ``spool/<job>/``; return its labels (``labels.json`` shape)."""
+    """Write the recording under ``spool/<job>/``; return its labels (docs/scenarios.md format)."""
     rnd = random.Random(seed)
     t0_ns = t0_ns if t0_ns is not None else (time.time_ns() // 10**9 - seconds) * 10**9
     comms = topology()
@@ -221,26 +225,31 @@ def write_demo_spool(
             )
         )
     (out / f"{HOSTS[0]}-throughput-{pid_of(0)}.000000.jsonl").write_text("\n".join(tp) + "\n")
-    return {
-        "scenario": "demo",
-        "job": job,
-        "faults": [
-            {
-                "type": "straggler",
-                "attribution": "straggler",
-                "global_rank": straggler_rank,
-                "start_ns": t0_ns + straggler_s[0] * 10**9,
-                "end_ns": t0_ns + straggler_s[1] * 10**9,
-            },
-            {
-                "type": "network_path",
-                "attribution": "network",
-                "loss": network_loss,
-                "start_ns": t0_ns + network_s[0] * 10**9,
-                "end_ns": t0_ns + network_s[1] * 10**9,
-            },
+    world = next(c for c in comms if c.name == "world")
+    network_keys = [
+        {"comm": c.comm, "op": c.op, "size_bucket": size_bucket(message_bytes(c.count, "ncclFloat32")),
+         "transport": transport_class(len(c.members), len({host_of(g) for g in c.members}))}
+        for c in comms
+    ]  # fmt: skip
+    labels = LabelSet(
+        scenario="demo",
+        job=job,
+        description="ncclwatch.dashboards.demo: a straggler, then a degraded network path",
+        labels=[
+            Label(
+                start_ns=t0_ns + straggler_s[0] * 10**9, end_ns=t0_ns + straggler_s[1] * 10**9,
+                type="straggler", attribution="straggler", rank=world.members.index(straggler_rank),
+                comm=world.comm, host=host_of(straggler_rank),
+                note=f"global rank {straggler_rank} arrives {straggler_delay:.0%} of an op late",
+            ),
+            Label(
+                start_ns=t0_ns + network_s[0] * 10**9, end_ns=t0_ns + network_s[1] * 10**9,
+                type="network_path", attribution="network", magnitude=network_loss,
+                keys=[k for k in network_keys if k["transport"] in NETWORK_TRANSPORTS],
+            ),
         ],
-    }
+    )  # fmt: skip
+    return labels.to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path, help="spool directory to write into")
     p.add_argument("--job", default="demo-job")
     p.add_argument("--seconds", type=int, default=180)
-    p.add_argument("--labels", type=Path, help="also write the injected faults here (labels.json)")
+    p.add_argument("--labels", type=Path, help="also write the injected faults here (NAME.labels.json)")
     args = p.parse_args(argv)
     labels = write_demo_spool(
         args.out,
@@ -258,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         network_s=(args.seconds * 5 // 9, args.seconds * 5 // 6),
     )
     if args.labels:
-        args.labels.write_text(json.dumps(labels, indent=1))
+        args.labels.write_text(json.dumps(labels, indent=1) + "\n")
     print(f"wrote {args.seconds} s of job {args.job} under {args.out / args.job}")
     return 0
 

@@ -52,7 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="anomaly events as JSON lines (ncclwatch watch --events-out); default: run the "
         "detectors over the recording, as `ncclwatch watch` would",
     )
-    p.add_argument("--labels", metavar="FILE", help="injected faults (labels.json); default: RUN/labels.json")
+    p.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="injected faults: a labels file (docs/scenarios.md) or a run's labels.json; "
+        "default: RUN/labels.json, or NAME.labels.json beside NAME.tar.gz",
+    )
     p.add_argument("--out", metavar="DIR", help="output directory (default: report-<RUN name>)")
     p.add_argument("--job", help="only this job (default: every job in the recording)")
     p.add_argument("--max-keys", type=int, default=12, help="plot at most this many keys per job (default 12)")
@@ -141,8 +146,33 @@ def record_time_ns(rec: Any) -> int:
     return t(rec)
 
 
+def load_labels(path: Path) -> list[dict]:
+    """Fault intervals (type, start_ns, end_ns, job) from a labels file.
+
+    Either the labelled-scenario format that ``ncclwatch eval`` reads (``docs/scenarios.md``:
+    ``{"labels": [...]}``, validated by :class:`~ncclwatch.detectors.labels.LabelSet`), or
+    the raw ``labels.json`` a scenario run directory holds (``{"faults": [...]}``).
+    """
+    data = json.loads(path.read_text())
+    if "labels" in data:
+        from ncclwatch.detectors.labels import LabelSet
+
+        ls = LabelSet.from_dict(data)
+        return [
+            {"type": lb.type, "start_ns": lb.start_ns, "end_ns": lb.end_ns, "job": lb.job_or(ls.job)}
+            for lb in ls.labels
+        ]
+    if "faults" in data:
+        return [{**f, "job": f.get("job", data.get("job"))} for f in data["faults"]]
+    raise ValueError(f"{path}: neither a labels file ({{'labels': ...}}) nor a run's labels.json")
+
+
 def read_run(path: Path, cfg: Config) -> tuple[Run, list[Any], list[dict]]:
-    """The recording's records in time order, and the labels.json faults found beside them."""
+    """The recording's records in time order, and the labels found with them.
+
+    Labels: ``labels.json`` in a run directory, or ``<name>.labels.json`` beside a
+    ``<name>.tar.gz`` (how the committed GPU-run fixtures are laid out).
+    """
     from ncclwatch.detectors.drivers import ReadStats, opened_recording, read_recording
 
     run = Run(name=path.name.removesuffix(".tar.gz").removesuffix(".tgz"), source=str(path))
@@ -155,8 +185,11 @@ def read_run(path: Path, cfg: Config) -> tuple[Run, list[Any], list[dict]]:
         top = spools[0].parent if spools else root
         records = read_recording([spools[0] if spools else root], stats)
         if (top / "labels.json").is_file():
-            labels = json.loads((top / "labels.json").read_text()).get("faults", [])
+            labels = load_labels(top / "labels.json")
             run.name = top.name if top != root else run.name
+    beside = path.with_name(f"{run.name}.labels.json")
+    if not labels and beside.is_file():
+        labels = load_labels(beside)
     run.quarantined = sum(stats.quarantined.values())
     return run, records, labels
 
@@ -227,7 +260,7 @@ def load(args: argparse.Namespace, cfg: Config) -> Run:
     if not records:
         raise ValueError(f"{args.run}: no records" + (f" of job {args.job}" if args.job else ""))
     labels_path = Path(args.labels) if args.labels else None
-    run.labels = json.loads(labels_path.read_text()).get("faults", []) if labels_path else labels
+    run.labels = load_labels(labels_path) if labels_path else labels
     run.t0_ns, run.t1_ns = record_time_ns(records[0]), record_time_ns(records[-1])
     windower = Windower(cfg.ingest.window_s)
 

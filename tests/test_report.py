@@ -54,7 +54,11 @@ def event(
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """A scenario run directory: spool/ beside labels.json, as bench/scenarios records one."""
+    """A scenario run directory: spool/ beside labels.json, as bench/scenarios records one.
+
+    Its labels.json is in record.py's raw shape ({"faults": [...]}); the demo's own labels,
+    in the labelled-scenario format, go to demo-run.labels.json beside it.
+    """
     d = tmp_path_factory.mktemp("run") / "demo-run"
     labels = write_demo_spool(
         d / "spool",
@@ -63,12 +67,15 @@ def run_dir(tmp_path_factory) -> Path:
         straggler_s=STRAGGLER_S,
         network_s=NETWORK_S,
     )
-    (d / "labels.json").write_text(json.dumps(labels))
+    raw = [{"type": lb["type"], "attribution": lb["attribution"], "start_ns": lb["start_ns"],
+            "end_ns": lb["end_ns"]} for lb in labels["labels"]]  # fmt: skip
+    (d / "labels.json").write_text(json.dumps({"scenario": "demo", "job": "demo-job", "faults": raw}))
+    (d.parent / "demo-run.labels.json").write_text(json.dumps(labels))
     return d
 
 
 def labelled(run_dir: Path) -> dict[str, dict]:
-    return {f["type"]: f for f in json.loads((run_dir / "labels.json").read_text())["faults"]}
+    return {f["type"]: f for f in json.loads((run_dir.parent / "demo-run.labels.json").read_text())["labels"]}
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +162,26 @@ def test_report_reads_a_tar_gz_of_the_run_the_same_way(run_dir, events_file, tmp
     assert cli.main(["report", str(archive), "--events", str(events_file), "--out", str(b)]) == 0
     md_a, md_b = (a / "report.md").read_text(), (b / "report.md").read_text()
     assert md_a.split("\n", 3)[3] == md_b.split("\n", 3)[3]  # all but title and source lines
+
+
+def test_labels_beside_a_fixture_archive_are_found_and_validated(run_dir, events_file, tmp_path):
+    """tests/fixtures/gpu_runs/ layout: NAME.tar.gz (the spool) beside NAME.labels.json."""
+    archive = tmp_path / "gpu-run.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(run_dir / "spool", arcname=".")
+    (tmp_path / "gpu-run.labels.json").write_text((run_dir.parent / "demo-run.labels.json").read_text())
+    out = tmp_path / "r"
+    assert cli.main(["report", str(archive), "--events", str(events_file), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert md.startswith("# ncclwatch report: gpu-run\n")
+    assert "| network_path | +55 s | +80 s | network_path, detected 4 s after the fault began |" in md
+    # a labels file that breaks the format is an error, not silently no labels
+    bad = json.loads((tmp_path / "gpu-run.labels.json").read_text())
+    bad["labels"][0]["type"] = "slow"
+    (tmp_path / "bad.labels.json").write_text(json.dumps(bad))
+    rc = cli.main(["report", str(archive), "--events", str(events_file), "--labels", str(tmp_path / "bad.labels.json"),
+                   "--out", str(tmp_path / "r2")])  # fmt: skip
+    assert rc == 2
 
 
 def test_report_runs_the_detectors_when_no_events_are_given(run_dir, tmp_path):
