@@ -1,0 +1,716 @@
+"""What the three drivers (`watch`, `worker`, `replay`) share, so they cannot disagree.
+
+The detector library (:mod:`ncclwatch.detectors.pipeline`) does the thinking; a driver
+only moves records in and anomaly events out. Everything here is plain Python without
+Kafka or Faust, so it is tested directly:
+
+- :class:`JobDetectors`: one ``Pipeline`` per job. A job is the unit of state in the
+  Faust worker (its table is keyed by job), so the local drivers split state the same
+  way and both give the same events for the same input.
+- :class:`StreamCore`: the worker's logic for a batch of Kafka messages (decode,
+  dead-letter, skip what the saved state has already seen, detect, snapshot).
+- :func:`format_event`: the one line a person reads per firing or resolved anomaly.
+- :class:`Pacer`: replay at N× the speed the records were written.
+- :func:`read_recording`: a recorded spool (directory, ``.tar.gz``, ``.jsonl[.gz]``) as
+  records in time order.
+
+>>> record_time_ns(ThroughputRecord(job="j", host="h", rank=0, ts_ns=7, step=1,
+...                                 tflops_per_gpu=1.0, tokens_per_s=None, source="api"))
+7
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import os
+import tarfile
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import (
+    AnomalyEvent,
+    DropRecord,
+    OpRecord,
+    PluginStats,
+    Quarantined,
+    ThroughputRecord,
+    WindowSummary,
+    parse_line,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+def record_time_ns(record: Any) -> int:
+    """The stream time a record stands for: when it became true.
+
+    An op counts when it ended, a window at its end, everything else at its timestamp.
+    """
+    if isinstance(record, OpRecord):
+        return record.start_ns + record.exec_ns
+    if isinstance(record, WindowSummary):
+        return record.end_ns
+    if isinstance(record, AnomalyEvent):
+        return record.detected_ns
+    return record.ts_ns
+
+
+# --- per-job pipelines -----------------------------------------------------------------
+
+
+def load_model(cfg: DetectorConfig) -> Any:
+    """The `ncclwatch fit` cold-start model named by ``cfg.model_path``, or None.
+
+    Loaded once and shared by every job's pipeline (a pipeline would load it itself).
+    """
+    if not cfg.model_path:
+        return None
+    from ncclwatch.detectors.model import BusbwModel
+
+    return BusbwModel.load(cfg.model_path)
+
+
+class JobDetectors:
+    """One detector pipeline per job, created when the job is first seen.
+
+    A job is the unit of state of the Faust worker (its table is keyed by job, and a
+    partition holds whole jobs), so every driver splits state this way: the same
+    records then give the same events in ``watch``, ``replay`` and the worker.
+
+    Stream time: every ``tick_s`` of stream time (the largest record time seen) every
+    job's pipeline is advanced to it, which is how a job that went silent while others
+    kept reporting gets its anomalies ended and, after an hour, is forgotten.
+
+    For :class:`~ncclwatch.detectors.metrics.DetectorMetrics` this object looks like a
+    single pipeline (``observer``, ``open_anomalies``, ``key_count``, ``last_end_ns``),
+    so ``metrics.bind(detectors)`` observes every job, including those added later.
+
+    Parameters
+    ----------
+    cfg
+        The detector section of the configuration.
+    model
+        The cold-start model (`ncclwatch fit`), shared by every job's pipeline; by
+        default the one ``cfg.model_path`` names.
+    pipeline_cls
+        The pipeline class; injected so this glue can be tested on its own.
+    tick_s
+        Stream-time interval between ``advance`` calls.
+    """
+
+    def __init__(
+        self,
+        cfg: DetectorConfig,
+        *,
+        model: Any = None,
+        pipeline_cls: Any = None,
+        tick_s: float = 1.0,
+    ):
+        if pipeline_cls is None:
+            from ncclwatch.detectors.pipeline import Pipeline as pipeline_cls
+        self.cfg = cfg
+        self.model = model if model is not None else load_model(cfg)
+        self.pipeline_cls = pipeline_cls
+        self.tick_ns = int(tick_s * 1e9)
+        self.pipelines: dict[str, Any] = {}
+        self.stream_ns = -1
+        self._next_tick_ns = -1
+        self._observer: Any = None
+        self.evicted: list[str] = []  # jobs advance forgot; the worker drains this list
+
+    # -- the Pipeline look-alike for metrics --------------------------------------------
+
+    @property
+    def observer(self) -> Any:
+        return self._observer
+
+    @observer.setter
+    def observer(self, value: Any) -> None:
+        self._observer = value
+        for p in self.pipelines.values():
+            p.observer = value
+
+    def open_anomalies(self) -> list[AnomalyEvent]:
+        return [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].open_anomalies()]
+
+    def key_count(self) -> int:
+        return sum(p.key_count() for p in self.pipelines.values())
+
+    @property
+    def last_end_ns(self) -> int:
+        return max((p.last_end_ns for p in self.pipelines.values()), default=-1)
+
+    # -- records in, events out ---------------------------------------------------------
+
+    def pipeline(self, job: str) -> Any:
+        p = self.pipelines.get(job)
+        if p is None:
+            p = self.pipelines[job] = self.pipeline_cls(self.cfg, model=self.model)
+            p.observer = self._observer
+        return p
+
+    def process(self, record: Any) -> list[AnomalyEvent]:
+        events = self.pipeline(record.job).process(record)
+        t = record_time_ns(record)
+        if t > self.stream_ns:
+            self.stream_ns = t
+            if t >= self._next_tick_ns:
+                self._next_tick_ns = t - t % self.tick_ns + self.tick_ns
+                events += self.advance(t)
+        return events
+
+    def advance(self, now_ns: int) -> list[AnomalyEvent]:
+        """Advance every job's pipeline to stream time ``now_ns``; forget emptied ones."""
+        events: list[AnomalyEvent] = []
+        for job in sorted(self.pipelines):
+            p = self.pipelines[job]
+            events += p.advance(now_ns)
+            if not p.jobs():
+                del self.pipelines[job]
+                self.evicted.append(job)
+        return events
+
+    def flush(self) -> list[AnomalyEvent]:
+        """End of input: every pipeline closes its incomplete rank groups."""
+        return [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].flush()]
+
+    # -- state --------------------------------------------------------------------------
+
+    def job_state(self, job: str) -> dict:
+        return self.pipelines[job].to_state()
+
+    def restore_job(self, job: str, state: dict) -> None:
+        p = self.pipelines[job] = self.pipeline_cls.from_state(self.cfg, state, model=self.model)
+        p.observer = self._observer
+        if self._observer is not None and hasattr(self._observer, "bind"):
+            self._observer.bind(self)  # re-marks the restored job's open anomalies
+
+    def forget(self, job: str | None = None) -> None:
+        """Drop cached pipelines (all, or one job's): they are reloaded from saved state."""
+        if job is None:
+            self.pipelines.clear()
+        else:
+            self.pipelines.pop(job, None)
+
+    def to_state(self) -> dict:
+        return {
+            "jobs": {job: p.to_state() for job, p in sorted(self.pipelines.items())},
+            "stream_ns": self.stream_ns,
+        }
+
+    def restore(self, state: dict) -> None:
+        self.pipelines = {}
+        for job, s in state.get("jobs", {}).items():
+            self.restore_job(job, s)
+        self.stream_ns = state.get("stream_ns", -1)
+        self._next_tick_ns = self.stream_ns
+
+
+# --- the one line per anomaly ------------------------------------------------------------
+
+
+def _clock(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).strftime("%H:%M:%S")
+
+
+def _duration(ns: int) -> str:
+    s = max(0, round(ns / 1e9))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def where_text(event: AnomalyEvent) -> str:
+    """``job=… comm=… AllReduce 32MiB net host=… rank=…``: what the anomaly is about."""
+    key = event.key or {}
+    parts = [f"job={event.job}"]
+    if key.get("comm"):
+        name = key.get("comm_name")
+        parts.append(f"comm={name}({key['comm']})" if name else f"comm={key['comm']}")
+    parts += [str(key[k]) for k in ("op", "size_bucket", "transport") if key.get(k)]
+    if event.host is not None:
+        parts.append(f"host={event.host}")
+    if event.rank is not None:
+        parts.append(f"rank={event.rank}")
+    return " ".join(parts)
+
+
+def format_event(event: AnomalyEvent) -> str:
+    """One line per firing or resolved anomaly, for people watching a terminal.
+
+    >>> ev = AnomalyEvent(id="a1", type="network_path", state="firing", job="llm-7",
+    ...     key={"comm": "0x00000000000000ab", "comm_name": "", "op": "AllReduce",
+    ...          "size_bucket": "32MiB", "transport": "net"}, host=None, rank=None,
+    ...     start_ns=0, end_ns=None, detected_ns=0, baseline_busbw_gbs=18.2,
+    ...     observed_busbw_gbs=12.1, effect=0.335, attribution="network",
+    ...     throughput_delta=-0.128, severity="critical", evidence={})
+    >>> print(format_event(ev))
+    FIRING network_path job=llm-7 comm=0x00000000000000ab AllReduce 32MiB net:
+    busbw 18.2 → 12.1 GB/s (-34%) since ..., throughput -12.8% [critical]
+    """
+    head = f"{event.state.upper()} {event.type} {where_text(event)}"
+    if event.baseline_busbw_gbs is not None and event.observed_busbw_gbs is not None:
+        what = f"busbw {event.baseline_busbw_gbs:.1f} → {event.observed_busbw_gbs:.1f} GB/s ({-event.effect:+.0%})"
+    else:
+        what = f"{event.attribution} loss {event.effect:.0%}"
+    if event.state == "firing":
+        what += f" since {_clock(event.start_ns)}"
+    else:
+        end_ns = event.end_ns if event.end_ns is not None else event.detected_ns
+        span = f"{_clock(event.start_ns)}–{_clock(end_ns)}"
+        what += f", lasted {_duration(end_ns - event.start_ns)} ({span})"
+    if event.throughput_delta is not None:
+        what += f", throughput {event.throughput_delta:+.1%}"
+    return f"{head}: {what} [{event.severity}]"
+
+
+# --- pacing ------------------------------------------------------------------------------
+
+
+class Pacer:
+    """Hold records back so they come out at ``speed``× the rate they were written.
+
+    ``speed`` 0 means as fast as possible. The first record sets the origin; a record
+    older than the previous one is let through at once (spools are only roughly ordered).
+
+    >>> slept = []
+    >>> p = Pacer(10.0, clock=lambda: 0.0, sleep=slept.append)
+    >>> p.wait(1_000_000_000); p.wait(3_000_000_000)
+    >>> slept
+    [0.2]
+    """
+
+    def __init__(
+        self,
+        speed: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = time.sleep,
+    ):
+        if speed < 0:
+            raise ValueError(f"speed must be >= 0, got {speed}")
+        self.speed = speed
+        self.clock = clock
+        self.sleep = sleep
+        self._origin: tuple[int, float] | None = None
+
+    def delay_s(self, t_ns: int) -> float:
+        """Seconds to wait before the record of time ``t_ns`` is due."""
+        if self.speed == 0:
+            return 0.0
+        if self._origin is None:
+            self._origin = (t_ns, self.clock())
+            return 0.0
+        t0_ns, wall0 = self._origin
+        due = wall0 + (t_ns - t0_ns) / 1e9 / self.speed
+        return max(0.0, due - self.clock())
+
+    def wait(self, t_ns: int) -> None:
+        d = self.delay_s(t_ns)
+        if d > 0:
+            self.sleep(d)
+
+
+# --- recorded spools ---------------------------------------------------------------------
+
+
+@dataclass
+class ReadStats:
+    lines: int = 0
+    records: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)
+    partial_lines: int = 0
+
+    def quarantine(self, q: Quarantined) -> None:
+        self.quarantined[q.reason] = self.quarantined.get(q.reason, 0) + 1
+
+
+def _lines_of_file(path: Path, stats: ReadStats) -> Iterator[tuple[bytes, int]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    offset = 0
+    with opener(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                # the contract: a line without its newline was still being written
+                stats.partial_lines += 1
+                break
+            yield raw[:-1], offset
+            offset += len(raw)
+
+
+def _jsonl_files(root: Path) -> list[Path]:
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz"))
+    )
+
+
+@contextmanager
+def opened_recording(path: str | Path) -> Iterator[Path]:
+    """A recording as a directory or file on disk; ``.tar.gz`` archives are unpacked first."""
+    p = Path(path)
+    if p.is_file() and (p.name.endswith(".tar.gz") or p.name.endswith(".tgz") or p.name.endswith(".tar")):
+        with tempfile.TemporaryDirectory(prefix="ncclwatch-replay-") as tmp:
+            with tarfile.open(p) as tar:
+                tar.extractall(tmp, filter="data")
+            yield Path(tmp)
+    else:
+        yield p
+
+
+def iter_recording_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, bytes, int]]:
+    """(source, raw line, byte offset) for every complete line of a recording."""
+    files = [path] if path.is_file() else _jsonl_files(path)
+    if not files and path.is_dir():
+        log.warning("no *.jsonl or *.jsonl.gz files under %s", path)
+    for f in files:
+        for raw, offset in _lines_of_file(f, stats):
+            stats.lines += 1
+            yield str(f), raw, offset
+
+
+def read_recording(paths: Iterable[str | Path], stats: ReadStats | None = None) -> list[Any]:
+    """Every valid record of one or more recordings, sorted by stream time.
+
+    Within one file records are roughly in time order already; across files (one per
+    process) they interleave, so they are merged by time as a live run would have seen
+    them. The sort is stable: records of equal time keep their file order.
+    """
+    stats = stats if stats is not None else ReadStats()
+    records = []
+    for path in paths:
+        with opened_recording(path) as p:
+            for source, raw, offset in iter_recording_lines(p, stats):
+                rec = parse_line(raw, source=source, offset=offset)
+                if isinstance(rec, Quarantined):
+                    stats.quarantine(rec)
+                    continue
+                records.append(rec)
+    stats.records = len(records)
+    records.sort(key=record_time_ns)
+    return records
+
+
+def write_jsonl_atomic(path: str | Path, obj: Any) -> None:
+    """Write a JSON document so a crash leaves the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class EventsFile:
+    """Anomaly events appended as JSON lines (``--events-out``), flushed per event."""
+
+    def __init__(self, path: str | Path | None):
+        self._f: io.TextIOBase | None = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across calls)
+
+    def write(self, event: AnomalyEvent) -> None:
+        if self._f is not None:
+            from ncclwatch.records import to_json
+
+            self._f.write(to_json(event) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+# --- the worker's batch logic ------------------------------------------------------------
+
+# Which record kinds each input may carry; anything else breaks the contract of the topic.
+DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats)
+TELEMETRY_KINDS = (DropRecord, PluginStats)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A Kafka message as the core sees it, whatever client delivered it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+def dead_letter(msg: Message, stage: str, reason: str, detail: str) -> Quarantined:
+    """A message that cannot be used, with why and where it came from."""
+    raw = (msg.value or b"")[:4096].decode("utf-8", errors="replace")
+    return Quarantined(
+        stage=stage,
+        reason=reason,
+        detail=detail,
+        source=f"kafka:{msg.topic}/{msg.partition}",
+        offset=msg.offset,
+        raw=raw,
+    )
+
+
+def decode_message(msg: Message, allowed: tuple[type, ...], *, key_is_job: bool = True) -> Any:
+    """The message's record, or a :class:`Quarantined` saying why it is not usable here.
+
+    Besides the record contract, a topic has its own: only some kinds belong on it, and
+    its key is the record's job, which is what puts a whole job on one partition (a
+    record on the wrong partition would split the job's state across workers).
+    """
+    if msg.value is None:
+        return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
+    rec = parse_line(msg.value, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
+    if isinstance(rec, Quarantined):
+        return rec
+    if not isinstance(rec, allowed):
+        kinds = ", ".join(sorted(c.KIND for c in allowed))
+        return dead_letter(msg, "schema", "schema", f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})")
+    if key_is_job and msg.key is not None and msg.key != rec.job.encode("utf-8"):
+        return dead_letter(
+            msg,
+            "schema",
+            "schema",
+            f"message key {msg.key[:200]!r} is not the record's job {rec.job!r}: "
+            "the job would be split across partitions",
+        )
+    return rec
+
+
+class TimeMerge:
+    """Merge input partitions into record-time order, as far as what was read allows.
+
+    Each input partition is a FIFO (its own order is kept: the offset bookkeeping needs
+    it). The merge takes the earliest head among the partitions of a *group* (the
+    co-partitioned inputs of one partition number), but only while no input of that
+    group that is still *behind* (messages on the broker not read yet) could bring
+    something earlier: the latest time read from such an input bounds what may go.
+    Inputs that are caught up hold nothing back, so live nothing waits; catching up
+    after an outage, windows wait for the throughput and telemetry of their time, as
+    they would have met them live. ``hold(name, behind, t_ns)`` adds a bound from an
+    input fed elsewhere (the telemetry re-keyed by this worker's other agent). A held
+    item goes anyway after ``max_hold_s`` (an input that says it is behind but delivers
+    nothing) and the oldest go when more than ``max_held`` are held.
+
+    >>> m = TimeMerge(clock=lambda: 0.0)
+    >>> m.add(("w", 0), 0, 30, "w30"); m.add(("w", 0), 0, 40, "w40"); m.add(("t", 0), 0, 10, "t10")
+    >>> m.progress(("t", 0), behind=True)     # throughput has more to read
+    >>> m.release()                           # nothing after t=10 may go yet
+    ['t10']
+    >>> m.add(("t", 0), 0, 35, "t35"); m.progress(("t", 0), behind=False)
+    >>> m.release()
+    ['w30', 't35', 'w40']
+    """
+
+    def __init__(
+        self,
+        *,
+        max_hold_s: float = 5.0,
+        max_held: int = 200_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.max_hold_s = max_hold_s
+        self.max_held = max_held
+        self.clock = clock
+        self._queues: dict[Any, deque] = {}
+        self._groups: dict[int, list[Any]] = {}
+        self._last_t: dict[Any, int] = {}
+        self._behind: dict[Any, bool] = {}
+        self._external: dict[str, tuple[bool, int]] = {}
+        self.held = 0
+
+    def add(self, tp: Any, group: int, t_ns: int, item: Any) -> None:
+        q = self._queues.get(tp)
+        if q is None:
+            q = self._queues[tp] = deque()
+            self._groups.setdefault(group, []).append(tp)
+            self._last_t[tp] = t_ns
+        q.append((t_ns, self.clock(), item))
+        self._last_t[tp] = max(self._last_t[tp], t_ns)
+        self.held += 1
+
+    def progress(self, tp: Any, behind: bool) -> None:
+        """Whether ``tp`` has unread messages on the broker (after what was added)."""
+        self._behind[tp] = behind
+
+    def hold(self, name: str, behind: bool, t_ns: int) -> None:
+        """An input fed from elsewhere: while behind, nothing later than ``t_ns`` goes."""
+        self._external[name] = (behind, t_ns)
+
+    def clear(self) -> None:
+        self.__init__(max_hold_s=self.max_hold_s, max_held=self.max_held, clock=self.clock)
+
+    def release(self) -> list[Any]:
+        out: list[Any] = []
+        now = self.clock()
+        external = min((t for b, t in self._external.values() if b), default=1 << 62)
+        for tps in self._groups.values():
+            bound = min(
+                (self._last_t[tp] for tp in tps if self._behind.get(tp) and not self._queues[tp]),
+                default=1 << 62,
+            )
+            bound = min(bound, external)
+            while True:
+                heads = [(q[0][0], i) for i, tp in enumerate(tps) if (q := self._queues[tp])]
+                if not heads:
+                    break
+                t, i = min(heads)
+                q = self._queues[tps[i]]
+                stale = any(now - self._queues[tps[j]][0][1] > self.max_hold_s for _, j in heads)
+                if t > bound and not stale and self.held <= self.max_held:
+                    break
+                out.append(q.popleft()[2])
+                self.held -= 1
+                if not q and self._behind.get(tps[i]):
+                    bound = min(bound, self._last_t[tps[i]])
+        return out
+
+
+@dataclass
+class BatchOutcome:
+    events: list[AnomalyEvent] = field(default_factory=list)
+    dead_letters: list[tuple[Message, Quarantined]] = field(default_factory=list)
+    # job -> (partition, state to save, or None to delete): the partition its table
+    # entry belongs to, the same as its records'
+    states: dict[str, tuple[int, dict | None]] = field(default_factory=dict)
+    done: list[Message] = field(default_factory=list)  # may be acknowledged once saved
+    records: int = 0
+    skipped: int = 0
+    max_record_time_ns: int = 0
+
+
+class StreamCore:
+    """The worker's logic for batches of messages, without Faust.
+
+    State per job is ``{"v", "pipeline", "offsets"}``: the pipeline's own state and, per
+    input ``topic/partition``, the last offset folded into it. The worker saves it after
+    every batch and only then acknowledges the batch's messages, so Kafka's committed
+    offsets never pass the saved state. After a crash the messages since the last commit
+    come again; those the saved state already holds are skipped by offset, the rest are
+    processed as if for the first time. The pipeline is deterministic, so what is
+    emitted again is what was emitted before.
+
+    Records go through a :class:`TimeMerge` first, so what the topics deliver in no
+    particular order between them is detected in record-time order; held messages are
+    neither processed nor acknowledged until the merge lets them go.
+
+    Parameters
+    ----------
+    detectors
+        The per-job pipelines, used as a cache in front of the saved states.
+    load_state
+        ``job -> saved state or None`` (the Faust table's ``get``).
+    merge
+        The time merge (default: :class:`TimeMerge` with its defaults).
+    """
+
+    def __init__(
+        self,
+        detectors: JobDetectors,
+        load_state: Callable[[str], dict | None],
+        merge: TimeMerge | None = None,
+    ):
+        self.detectors = detectors
+        self.load_state = load_state
+        self.merge = merge or TimeMerge()
+        self.offsets: dict[str, dict[str, int]] = {}
+        self.partition_of: dict[str, int] = {}
+
+    def _ensure(self, job: str) -> dict[str, int]:
+        offsets = self.offsets.get(job)
+        if offsets is None or job not in self.detectors.pipelines:
+            saved = self.load_state(job)
+            if saved:
+                self.detectors.restore_job(job, saved["pipeline"])
+                offsets = dict(saved.get("offsets", {}))
+            else:
+                self.detectors.forget(job)
+                offsets = {}
+            self.offsets[job] = offsets
+        return offsets
+
+    def forget(self) -> None:
+        """Drop every cached job and held message (on rebalance: they come again)."""
+        self.detectors.forget()
+        self.offsets.clear()
+        self.merge.clear()
+
+    def handle(
+        self,
+        messages: Iterable[Message],
+        kinds: dict[str, tuple[type, ...]] | None = None,
+        behind: dict[tuple[str, int], bool] | None = None,
+    ) -> BatchOutcome:
+        """Decode, merge by time, detect what the merge lets go.
+
+        ``kinds`` says which record kinds each topic may carry (default: any the
+        detectors take); ``behind`` says which ``(topic, partition)`` has unread
+        messages on the broker.
+        """
+        kinds = kinds or {}
+        out = BatchOutcome()
+        for msg in messages:
+            rec = decode_message(msg, kinds.get(msg.topic, DETECTOR_KINDS))
+            if isinstance(rec, Quarantined):
+                out.dead_letters.append((msg, rec))
+                out.done.append(msg)
+            else:
+                tp = (msg.topic, msg.partition)
+                self.merge.add(tp, msg.partition, record_time_ns(rec), (msg, rec))
+        for tp, b in (behind or {}).items():
+            self.merge.progress(tp, b)
+        touched: set[str] = set()
+        for msg, rec in self.merge.release():
+            out.done.append(msg)
+            job = rec.job
+            offsets = self._ensure(job)
+            where = f"{msg.topic}/{msg.partition}"
+            if msg.offset <= offsets.get(where, -1):
+                out.skipped += 1  # already in the saved state: read again after a restart
+                continue
+            offsets[where] = msg.offset
+            self.partition_of[job] = msg.partition
+            events = self.detectors.process(rec)
+            out.events += events
+            # advance() can change other jobs too: those that emitted something are saved
+            touched.add(job)
+            touched.update(ev.job for ev in events)
+            out.records += 1
+            out.max_record_time_ns = max(out.max_record_time_ns, record_time_ns(rec))
+        for job in self.detectors.evicted:
+            # forgotten after an hour of silence: its table entry goes too
+            self.offsets.pop(job, None)
+            touched.discard(job)
+            if job in self.partition_of:
+                out.states[job] = (self.partition_of.pop(job), None)
+        self.detectors.evicted = []
+        for job in sorted(touched):
+            if job not in self.detectors.pipelines or job not in self.partition_of:
+                continue
+            state = {
+                "v": STATE_VERSION,
+                "pipeline": self.detectors.job_state(job),
+                "offsets": dict(self.offsets[job]),
+            }
+            out.states[job] = (self.partition_of[job], state)
+        return out

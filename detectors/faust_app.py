@@ -1,0 +1,540 @@
+"""``ncclwatch worker``: the detectors as a Faust stream processor over Kafka.
+
+Wiring only; the logic is :class:`~ncclwatch.detectors.drivers.StreamCore` (plain
+Python, shared with ``watch`` and ``replay``)::
+
+    nccl.ops ──(drop, plugin_stats only)──> <app-id>-telemetry (re-keyed by job)
+    nccl.windows, job.throughput, <app-id>-telemetry ──> detect ──> nccl.anomalies
+                                    │                       └──> dead-letter topic
+                                    └── table "detector-state" (job -> state), changelog-backed
+
+Every input the detectors read is keyed by job and has the same partition count, so
+one worker partition holds whole jobs and the table entry of a job lives in the same
+partition as its records. ``nccl.ops`` is keyed ``<job>|<comm>``, which would spread a
+job's drop records over partitions; the small telemetry agent re-keys them by job.
+
+State and delivery (docs/replay.md has the longer version): the detect agent takes
+batches (``--batch-size`` messages or ``--batch-within-s`` seconds), processes them,
+publishes the batch's anomaly events and waits for Kafka's acks, then writes each
+touched job's state to the table, and only then acknowledges the batch's messages.
+Faust flushes the changelog before it commits offsets, so the committed offsets never
+pass the saved state; the state carries the last offset it folded in per input
+partition, so messages re-read after a crash are skipped if already counted. Events
+are published before the state that records them, so a crash in between re-emits an
+event (same id, same content) rather than losing it: at-least-once, deduplicate by
+``(id, state)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import ssl
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ncclwatch.detectors.drivers import (
+    TELEMETRY_KINDS,
+    BatchOutcome,
+    JobDetectors,
+    Message,
+    StreamCore,
+    decode_message,
+    record_time_ns,
+)
+
+from ncclwatch.config import Config, KafkaConfig
+from ncclwatch.records import (
+    DropRecord,
+    OpRecord,
+    PluginStats,
+    Quarantined,
+    ThroughputRecord,
+    WindowSummary,
+    parse_line,
+    to_json,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_APP_ID = "ncclwatch-detectors"
+TABLE_NAME = "detector-state"
+# Op records are most of nccl.ops and the worker does not read them: a substring test
+# skips them without a JSON parse (records.to_json writes exactly this, no spaces).
+_OP_MARK = b'"kind":"op"'
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--app-id",
+        default=DEFAULT_APP_ID,
+        help=f"Faust app id = consumer group (default {DEFAULT_APP_ID})",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="Prometheus metrics on 127.0.0.1:PORT (default: config detector.metrics_port; "
+        "0: a free port, printed at start; -1: none)",
+    )
+    p.add_argument("--batch-size", type=int, default=1000, help="messages per detector batch (default 1000)")
+    p.add_argument(
+        "--batch-within-s",
+        type=float,
+        default=0.2,
+        help="process a partial batch after this long (default 0.2); the state is saved per batch",
+    )
+    p.add_argument("--loglevel", default="warning", help="Faust log level (default warning)")
+
+
+def topic_names(cfg: Config, app_id: str) -> dict[str, str]:
+    t = cfg.topics
+    return {
+        "windows": t.windows,
+        "throughput": t.throughput,
+        "ops": t.ops,
+        "telemetry": f"{app_id}-telemetry",
+        "anomalies": t.anomalies,
+        "dead_letter": t.dead_letter,
+        "changelog": f"{app_id}-{TABLE_NAME}-changelog",
+    }
+
+
+def ensure_topics(cfg: Config, app_id: str) -> None:
+    """Create the worker's topics with matching partition counts, or say what is wrong.
+
+    Faust refuses a table whose changelog's partition count differs from its source
+    topics' (PartitionsMismatch) and only creates its own internal topics, with its own
+    defaults: so every topic is created here, explicitly, first.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    names = topic_names(cfg, app_id)
+    n = cfg.topics.partitions
+    retention = {"retention.ms": str(cfg.topics.retention_ms)}
+    wanted = {name: retention for key, name in names.items() if key != "changelog"}
+    wanted[names["changelog"]] = {"cleanup.policy": "compact"}
+    admin = KafkaAdminClient(**cfg.kafka.client_kwargs())
+    try:
+        existing = set(admin.list_topics())
+        for name, configs in wanted.items():
+            if name in existing:
+                continue
+            topic = NewTopic(name, n, cfg.topics.replication_factor, topic_configs=configs)
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
+                admin.create_topics([topic])
+        # only the co-partitioned ones must match: outputs may have any count
+        must_match = [names[k] for k in ("windows", "throughput", "telemetry", "changelog")]
+        for desc in _describe(admin, must_match):
+            got = len(desc["partitions"])
+            if got != n:
+                raise SystemExit(
+                    f"ncclwatch worker: topic {desc['name']} has {got} partitions, config "
+                    f"topics.partitions is {n}: the detector inputs and the state changelog "
+                    "must be co-partitioned"
+                )
+    finally:
+        admin.close()
+
+
+def _describe(admin: Any, names: list[str], timeout_s: float = 10.0) -> list[dict]:
+    """Topic descriptions once the metadata of freshly created topics has spread."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        descs = admin.describe_topics(names)
+        if all(d.get("partitions") for d in descs) or time.monotonic() > deadline:
+            return descs
+        time.sleep(0.1)
+
+
+def broker_credentials(k: KafkaConfig) -> Any:
+    """Faust credentials from the kafka section (None for PLAINTEXT)."""
+    import faust
+
+    ctx = None
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=k.ssl_cafile or None)
+        if k.ssl_certfile:
+            ctx.load_cert_chain(k.ssl_certfile, k.ssl_keyfile or None, k.ssl_password or None)
+    if k.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=k.sasl_plain_username,
+            password=k.sasl_plain_password,
+            ssl_context=ctx,
+            mechanism=k.sasl_mechanism or "PLAIN",
+        )
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
+
+
+@dataclass
+class WorkerStats:
+    """Counters the metrics endpoint and the tests read."""
+
+    records: int = 0
+    skipped: int = 0
+    dead_letters: int = 0
+    events: int = 0
+    batches: int = 0
+    telemetry_forwarded: int = 0
+
+
+def _message(event: Any) -> Message:
+    m = event.message
+    return Message(m.topic, m.partition, m.offset, m.key, m.value, int(m.timestamp * 1000))
+
+
+class Worker:
+    """The Faust app and what its agents call; built once per process."""
+
+    def __init__(self, cfg: Config, app_id: str, *, batch_size: int = 1000, batch_within_s: float = 0.2):
+        import faust
+
+        self.cfg = cfg
+        self.app_id = app_id
+        self.batch_size = batch_size
+        self.batch_within_s = batch_within_s
+        self.names = names = topic_names(cfg, app_id)
+        n = cfg.topics.partitions
+        self.app = app = faust.App(
+            app_id,
+            broker=[f"kafka://{b}" for b in cfg.kafka.bootstrap_servers.split(",")],
+            broker_credentials=broker_credentials(cfg.kafka),
+            broker_client_id=cfg.kafka.client_id,
+            store="memory://",
+            web_enabled=False,
+            topic_partitions=n,
+            topic_replication_factor=cfg.topics.replication_factor,
+            topic_allow_declare=True,
+            consumer_auto_offset_reset="earliest",
+            # a killed worker's partitions move on after 6 s, not Faust's default 60
+            broker_session_timeout=6.0,
+            broker_heartbeat_interval=2.0,
+            broker_commit_every=batch_size,
+            broker_commit_interval=1.0,
+            table_standby_replicas=0,
+            # A batch is acknowledged only after its state is saved and re-reading is
+            # idempotent (offsets in the state), so shutdown and rebalance need not wait
+            # for unacknowledged messages: waiting would hang on a crashed batch.
+            stream_wait_empty=False,
+            producer_acks=-1,
+        )
+        raw = {
+            "key_type": bytes,
+            "value_type": bytes,
+            "key_serializer": "raw",
+            "value_serializer": "raw",
+        }
+        self.detect_in = app.topic(names["windows"], names["throughput"], names["telemetry"], partitions=n, **raw)
+        self.ops_in = app.topic(names["ops"], partitions=n, **raw)
+        self.telemetry_out = app.topic(names["telemetry"], partitions=n, internal=True, **raw)
+        self.anomalies_out = app.topic(names["anomalies"], **raw)
+        self.dead_out = app.topic(names["dead_letter"], **raw)
+        self.table = app.Table(TABLE_NAME, default=None, partitions=n, key_type=str)
+        self.core = StreamCore(JobDetectors(cfg.detector), self._load_state)
+        # what each input may carry: anything else there breaks the topic's contract
+        self.kinds = {
+            names["windows"]: (WindowSummary,),
+            names["throughput"]: (ThroughputRecord,),
+            names["telemetry"]: TELEMETRY_KINDS,
+        }
+        self._ops_seen_at = 0.0
+        self._ops_done: dict[Any, int] = {}  # ops partition -> next offset to process
+        # telemetry partition -> (offset, earliest record time) forwarded, not yet read back
+        self._inflight: dict[int, tuple[int, int]] = {}
+        self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
+        self._stream: Any = None
+        self._lock = asyncio.Lock()
+        self.stats = WorkerStats()
+        self.metrics: WorkerMetrics | None = None
+        self.crashed: BaseException | None = None
+        self.sink: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-alerts")
+        self.reset()
+        self._wire()
+
+    def reset(self) -> None:
+        """Forget cached jobs and held messages (at start and on every rebalance)."""
+        self.core.forget()
+        self._pending.clear()
+        self._inflight.clear()
+        # Until nccl.ops is known to be read to its end, a drop may still come that is
+        # older than the windows at hand: hold them (at most the merge's max_hold_s).
+        self.core.merge.hold("telemetry", True, -(1 << 62))
+        self._ops_seen_at = 0.0
+
+    def _load_state(self, job: str) -> dict | None:
+        return self.table.get(job)
+
+    def _wire(self) -> None:
+        app, w = self.app, self
+
+        @app.agent(self.detect_in, name="detect")
+        async def detect(stream: Any) -> None:
+            async for events in stream.noack_take(w.batch_size, within=w.batch_within_s):
+                await w.guarded(w.detect_batch(stream, events))
+
+        @app.agent(self.ops_in, name="telemetry")
+        async def telemetry(stream: Any) -> None:
+            async for events in stream.noack_take(w.batch_size, within=w.batch_within_s):
+                await w.guarded(w.telemetry_batch(stream, events))
+
+        @app.timer(0.5)
+        async def tick() -> None:
+            await w.guarded(w.tick())
+
+        @app.on_partitions_revoked.connect
+        async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+            # Held messages come again from the committed offsets; the jobs may move to
+            # another worker and are reloaded from the table when they come back.
+            w.reset()
+
+        @app.on_partitions_assigned.connect
+        async def assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+            w.reset()
+            n = len(assigned)
+            print(f"ncclwatch worker {w.app_id}: assigned {n} partition(s)", file=sys.stderr, flush=True)
+
+    async def guarded(self, batch: Any) -> None:
+        """Run one batch; a bug stops the whole worker instead of one agent.
+
+        Faust would restart just the crashed agent, with the batch's messages neither
+        processed nor acknowledged, so the committed offsets would stick there while
+        later batches go on: a worker that looks alive and has stopped. Crashing exits
+        the process non-zero; restarted, it resumes from the saved state.
+        """
+        try:
+            await batch
+        except Exception as exc:
+            log.exception("detector batch failed; stopping the worker")
+            self.crashed = exc
+            await self.app.crash(exc)
+            raise
+
+    def _behind(self, events: list) -> dict[tuple[str, int], bool]:
+        """Per input partition in the batch: are there messages on the broker after it?"""
+        last: dict[Any, int] = {}
+        for e in events:
+            last[e.message.tp] = e.message.offset
+        consumer = self.app.consumer
+        return {(tp.topic, tp.partition): (consumer.highwater(tp) or 0) > off + 1 for tp, off in last.items()}
+
+    async def detect_batch(self, stream: Any, events: list) -> None:
+        """Detect what the time merge lets go, publish, save, then acknowledge."""
+        t0 = time.perf_counter()
+        async with self._lock:
+            self._stream = stream
+            for e in events:
+                m = e.message
+                self._pending[(m.topic, m.partition, m.offset)] = e
+                read_back = self._inflight.get(m.partition, (1 << 62,))[0] <= m.offset
+                if m.topic == self.names["telemetry"] and read_back:
+                    del self._inflight[m.partition]
+            self._hold_inflight()
+            out = self.core.handle([_message(e) for e in events], self.kinds, self._behind(events))
+            await self._finish(out)
+        if self.metrics is not None:
+            self.metrics.batch(self, events, out, time.perf_counter() - t0)
+
+    async def tick(self) -> None:
+        """Let go what the merge held too long; see where nccl.ops stands; tick alerts."""
+        if self.sink is not None:
+            self._executor.submit(self.sink.tick)
+        if time.monotonic() - self._ops_seen_at > 1.0:
+            await self._ops_progress()
+        if self._stream is None or not self.core.merge.held:
+            return
+        async with self._lock:
+            await self._finish(self.core.handle([], self.kinds))
+
+    def _hold_inflight(self) -> None:
+        t = min((t for _, t in self._inflight.values()), default=1 << 62)
+        self.core.merge.hold("telemetry-inflight", bool(self._inflight), t)
+
+    async def _ops_progress(self) -> None:
+        """No telemetry batch lately: if nccl.ops is processed to its end, stop holding.
+
+        "Processed" is what the telemetry agent acknowledged this session, else the
+        group's committed offset (Faust's own record of it, seeded at assignment):
+        messages fetched but still in Faust's buffers do not count.
+        """
+        consumer = self.app.consumer
+        committed = getattr(consumer, "_committed_offset", {})
+        behind = False
+        for tp in consumer.assignment():
+            if tp.topic != self.names["ops"]:
+                continue
+            done = max(self._ops_done.get(tp, 0), committed.get(tp) or 0)
+            behind |= (consumer.highwater(tp) or 0) > done
+        self.core.merge.hold("telemetry", behind, -(1 << 62))
+
+    async def _finish(self, out: BatchOutcome) -> None:
+        """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
+        futures = [
+            await self.anomalies_out.send(
+                key=ev.job.encode(), value=to_json(ev).encode(), timestamp=ev.detected_ns / 1e9
+            )
+            for ev in out.events
+        ]
+        futures += [
+            await self.dead_out.send(key=m.key, value=to_json(q).encode(), timestamp=(m.timestamp_ms or 0) / 1000)
+            for m, q in out.dead_letters
+        ]
+        if futures:
+            await asyncio.gather(*futures)
+        for job, (partition, state) in out.states.items():
+            # Not ``table[job] = state``: that takes the partition from the *current*
+            # event, and a batch spans partitions.
+            if state is None:  # the job was forgotten: a tombstone, compacted away
+                self.table.data.pop(job, None)
+                self.table.send_changelog(partition, job, None, value_serializer="raw")
+            else:
+                self.table.data[job] = state
+                self.table.send_changelog(partition, job, state)
+        for m in out.done:
+            event = self._pending.pop((m.topic, m.partition, m.offset), None)
+            if event is not None:
+                await self._stream.ack(event)
+        s = self.stats
+        s.batches += 1
+        s.records += out.records
+        s.skipped += out.skipped
+        s.dead_letters += len(out.dead_letters)
+        s.events += len(out.events)
+        if self.sink is not None:
+            for ev in out.events:
+                self._executor.submit(self.sink.handle, ev)
+
+    async def telemetry_batch(self, stream: Any, events: list) -> None:
+        """Forward drop and plugin_stats records keyed by job; skip op records unread."""
+        futures = []
+        forwarded = []
+        last_t = 1 << 62
+        for e in events:
+            m = _message(e)
+            if m.value is not None and _OP_MARK in m.value:
+                continue
+            rec = decode_message(m, (OpRecord, DropRecord, PluginStats), key_is_job=False)
+            if isinstance(rec, TELEMETRY_KINDS):
+                fut = await self.telemetry_out.send(
+                    key=rec.job.encode(), value=m.value, timestamp=m.timestamp_ms / 1000
+                )
+                forwarded.append((fut, record_time_ns(rec)))
+                self.stats.telemetry_forwarded += 1
+            elif not isinstance(rec, OpRecord):
+                fut = await self.dead_out.send(key=m.key, value=to_json(rec).encode(), timestamp=m.timestamp_ms / 1000)
+                futures.append(fut)
+                self.stats.dead_letters += 1
+        if futures or forwarded:
+            await asyncio.gather(*futures, *(f for f, _ in forwarded))
+        for fut, t_ns in forwarded:
+            # held for until the detect agent has read it: the hop must not reorder it
+            meta = fut.result()
+            _, old_t = self._inflight.get(meta.partition, (-1, t_ns))
+            self._inflight[meta.partition] = (meta.offset, min(old_t, t_ns))
+        self._hold_inflight()
+        behind = self._behind(events)
+        if any(behind.values()):
+            # how far nccl.ops has been read: the time of the last message of the batch
+            # (one parse per batch; op records are otherwise skipped unread)
+            last = parse_line(events[-1].message.value or b"")
+            last_t = record_time_ns(last) if not isinstance(last, Quarantined) else -(1 << 62)
+        self.core.merge.hold("telemetry", any(behind.values()), last_t)
+        self._ops_seen_at = time.monotonic()
+        for e in events:
+            await stream.ack(e)
+            self._ops_done[e.message.tp] = e.message.offset + 1
+
+
+class WorkerMetrics:
+    """The detector metrics (shared with ``watch``) plus the worker's own."""
+
+    def __init__(self, cfg: Config, registry: Any = None):
+        from ncclwatch.detectors.metrics import DetectorMetrics
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.detector = DetectorMetrics(self.registry, max_keys=cfg.detector.max_metric_keys)
+        r = self.registry
+        self.consumer_lag = Gauge(
+            "ncclwatch_worker_consumer_lag_messages",
+            "Messages on the broker not yet read, per input partition",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.held = Gauge("ncclwatch_worker_held_records", "Records the time merge holds", registry=r)
+        self.dead_letters = Counter(
+            "ncclwatch_worker_dead_letters_total", "Messages sent to the dead-letter topic", ["reason"], registry=r
+        )
+        self.skipped = Counter(
+            "ncclwatch_worker_reread_skipped_total",
+            "Messages read again after a restart that the saved state already held",
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "ncclwatch_worker_batch_seconds",
+            "Time to process one batch",
+            buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
+            registry=r,
+        )
+
+    def batch(self, w: Worker, events: list, out: BatchOutcome, seconds: float) -> None:
+        self.batch_seconds.observe(seconds)
+        self.held.set(w.core.merge.held)
+        self.skipped.inc(out.skipped)
+        for _, q in out.dead_letters:
+            self.dead_letters.labels(q.reason).inc()
+        consumer = w.app.consumer
+        last: dict[Any, int] = {}
+        for e in events:
+            last[e.message.tp] = e.message.offset
+        for tp, off in last.items():
+            lag = max(0, (consumer.highwater(tp) or 0) - off - 1)
+            self.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+
+
+def _start_metrics(w: Worker, port: int | None) -> None:
+    """Serve the worker's metrics on 127.0.0.1 unless the port is negative."""
+    from prometheus_client import start_http_server
+
+    cfg = w.cfg
+    port = cfg.detector.metrics_port if port is None else port
+    if port < 0:
+        return
+    w.metrics = WorkerMetrics(cfg)
+    w.metrics.detector.bind(w.core.detectors)
+    server, _ = start_http_server(port, addr=cfg.detector.metrics_addr, registry=w.metrics.registry)
+    addr = f"{cfg.detector.metrics_addr}:{server.server_port}"
+    print(f"metrics on http://{addr}/metrics", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    import faust
+
+    ensure_topics(cfg, args.app_id)
+    w = Worker(cfg, args.app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s)
+    _start_metrics(w, args.metrics_port)
+    if cfg.alerting.alertmanager_url:
+        from ncclwatch.alerting.sink import AlertSink
+
+        w.sink = AlertSink.from_config(cfg.alerting)
+    worker = faust.Worker(w.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # it writes terminal escapes even into pipes
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        return 1 if w.crashed else int(e.code or 0)
+    finally:
+        w._executor.shutdown(wait=True)
+        if w.sink is not None:
+            w.sink.close()
+    return 0

@@ -1,0 +1,476 @@
+"""``ncclwatch replay``: a recorded run, again, from Kafka or files, into detectors, files or Kafka.
+
+Sources
+    ``--topic NAME`` (repeatable), bounded by ``--since``/``--until`` on the Kafka
+    message timestamps (``KafkaConsumer.offsets_for_times``) or by ``--offsets
+    [TOPIC:]PARTITION:START-END`` (half-open); or ``--files PATH`` (repeatable):
+    ``.jsonl``, ``.jsonl.gz``, a spool directory, a ``.tar.gz`` of one, bounded by
+    ``--since``/``--until`` on the record times.
+Destinations (exactly one)
+    ``--detect``: a fresh in-process detector run, the same code as ``ncclwatch watch``
+    (one line per anomaly, ``--events-out FILE``); ``--out FILE``: the records as JSON
+    lines, byte for byte as they were; ``--to-topic NAME``: every record into one
+    topic; ``--to-kafka``: each record into the topic of its kind (``[topics]`` names,
+    with ``--topic-prefix``).
+Writing into the live topics (the ``[topics]`` names) is refused unless
+``--into-live`` is given. Records go out in time order at ``--speed`` N× the speed
+they were written (0, the default: as fast as possible); Kafka message timestamps are
+kept (from files: the record's own time), so a replayed topic can be replayed again
+by time. A progress bar goes to stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from ncclwatch.detectors.drivers import (
+    EventsFile,
+    Pacer,
+    ReadStats,
+    iter_recording_lines,
+    opened_recording,
+    record_time_ns,
+)
+
+from ncclwatch.config import Config
+from ncclwatch.records import Quarantined, parse_line
+
+# Kafka consumer settings that avoid kafka-python 3's slow defaults (no group: assign()).
+_CONSUMER = {
+    "enable_auto_commit": False,
+    "consumer_timeout_ms": 1000,
+    "max_partition_fetch_bytes": 4 << 20,
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("source (one kind)")
+    src.add_argument(
+        "--topic", action="append", default=[], metavar="NAME", help="read this Kafka topic"
+    )
+    src.add_argument(
+        "--files", action="append", default=[], metavar="PATH", help="read a recording"
+    )
+    rng = p.add_argument_group("range")
+    rng.add_argument(
+        "--since", metavar="TIME", help="from this time on (ISO 8601, or epoch s/ms/us/ns)"
+    )
+    rng.add_argument("--until", metavar="TIME", help="up to, not including, this time")
+    rng.add_argument(
+        "--offsets",
+        action="append",
+        default=[],
+        metavar="[TOPIC:]P:START-END",
+        help="offsets START (included) to END (excluded) of partition P; END may be empty "
+        "(to the end); partitions not named are not read",
+    )
+    dst = p.add_argument_group("destination (exactly one)")
+    dst.add_argument(
+        "--detect", action="store_true", help="run the detectors in-process, print anomalies"
+    )
+    dst.add_argument(
+        "--events-out", metavar="FILE", help="with --detect: anomaly events as JSON lines"
+    )
+    dst.add_argument(
+        "--out", metavar="FILE", help="write the records as JSON lines (.gz: compressed)"
+    )
+    dst.add_argument("--to-topic", metavar="NAME", help="publish every record to this topic")
+    dst.add_argument(
+        "--to-kafka", action="store_true", help="publish each record to the topic of its kind"
+    )
+    dst.add_argument(
+        "--topic-prefix", default="", help="with --to-kafka: prefix the [topics] names"
+    )
+    dst.add_argument(
+        "--into-live", action="store_true", help="allow publishing into the live [topics] topics"
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="N× real time (0: as fast as possible)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+
+
+# --- times and ranges ----------------------------------------------------------------------
+
+
+def parse_time_ns(text: str) -> int:
+    """A point in time as ns since the epoch: ISO 8601, or an epoch number in s/ms/us/ns.
+
+    The unit of a bare number is told by its size (a 2020s date has 10, 13, 16 or 19
+    digits); naive ISO times are local time, as a person types them.
+
+    >>> parse_time_ns("1700000000"), parse_time_ns("1700000000123")
+    (1700000000000000000, 1700000000123000000)
+    >>> parse_time_ns("2023-11-14T22:13:20Z")
+    1700000000000000000
+    >>> parse_time_ns("1700000000.5")
+    1700000000500000000
+    """
+    t = text.strip()
+    if re.fullmatch(r"\d+", t):
+        n = int(t)
+        for limit, scale in ((10**11, 10**9), (10**14, 10**6), (10**17, 10**3)):
+            if n < limit:
+                return n * scale
+        return n
+    if re.fullmatch(r"\d+\.\d*", t):
+        whole, frac = t.split(".")
+        return int(whole) * 10**9 + int((frac + "0" * 9)[:9])
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601 or epoch seconds/ms/us/ns)"
+        ) from None
+    return int(dt.timestamp()) * 10**9 + dt.microsecond * 1000
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    topic: str | None
+    partition: int
+    start: int
+    end: int | None
+
+
+def parse_offsets(text: str) -> OffsetRange:
+    """``[TOPIC:]P:START-END``, END optional.
+
+    >>> parse_offsets("2:100-250")
+    OffsetRange(topic=None, partition=2, start=100, end=250)
+    >>> parse_offsets("nccl.windows:0:7-")
+    OffsetRange(topic='nccl.windows', partition=0, start=7, end=None)
+    """
+    m = re.fullmatch(r"(?:(?P<topic>.+):)?(?P<p>\d+):(?P<start>\d+)-(?P<end>\d*)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"not an offset range: {text!r} (want [TOPIC:]P:START-END)"
+        )
+    end = int(m.group("end")) if m.group("end") else None
+    return OffsetRange(m.group("topic"), int(m.group("p")), int(m.group("start")), end)
+
+
+# --- what moves: one item per message or line --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One record on its way: the bytes as they were, and where and when it was."""
+
+    raw: bytes
+    time_ns: int  # record time (files) or Kafka timestamp (topics), for pacing and ordering
+    timestamp_ms: int  # the Kafka message timestamp to write
+    key: bytes | None
+    origin: tuple  # (topic, partition, offset) or (file, offset): the sort tie-breaker
+
+
+def read_topics(
+    cfg: Config,
+    topics: list[str],
+    since_ns: int | None,
+    until_ns: int | None,
+    offsets: list[OffsetRange],
+) -> list[Item]:
+    """Every message of the topics in the range, sorted by (timestamp, topic, partition, offset).
+
+    ``offsets_for_times`` finds, per partition, the first offset whose timestamp is at or
+    after a time; messages between the two found offsets are read and then filtered by
+    timestamp again, so even a partition whose timestamps go back and forth yields only
+    messages inside the range (though one that goes back past ``until`` is cut there).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(**cfg.kafka.client_kwargs(), **_CONSUMER)
+    try:
+        tps = []
+        for topic in topics:
+            parts = _partitions(consumer, topic)
+            if parts is None:
+                raise SystemExit(f"ncclwatch replay: no topic {topic!r}")
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        begin = consumer.beginning_offsets(tps)
+        end = consumer.end_offsets(tps)
+        bounds: dict[Any, tuple[int, int]] = {}
+        if offsets:
+            for r in offsets:
+                for tp in tps:
+                    if tp.partition == r.partition and r.topic in (None, tp.topic):
+                        stop = end[tp] if r.end is None else min(r.end, end[tp])
+                        bounds[tp] = (max(r.start, begin[tp]), stop)
+        else:
+            lo = _offsets_at(consumer, tps, since_ns, begin, end) if since_ns is not None else begin
+            hi = _offsets_at(consumer, tps, until_ns, end, end) if until_ns is not None else end
+            bounds = {tp: (lo[tp], hi[tp]) for tp in tps}
+        # Kafka timestamps are ms: [since, until) in ns is [ceil(since), ceil(until)) in ms
+        since_ms = math.ceil(since_ns / 10**6) if since_ns is not None else -(1 << 62)
+        until_ms = math.ceil(until_ns / 10**6) if until_ns is not None else 1 << 62
+        items: list[Item] = []
+        for tp, (start, stop) in bounds.items():
+            if start >= stop:
+                continue
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            while consumer.position(tp) < stop:
+                batch = consumer.poll(timeout_ms=1000, max_records=5000)
+                if not batch and consumer.position(tp) < stop:
+                    # offsets of aborted transactions or compacted away: nothing more comes
+                    if consumer.position(tp) >= end[tp]:
+                        break
+                    continue
+                for msg in batch.get(tp, []):
+                    if msg.offset >= stop:
+                        break
+                    if not offsets and not (since_ms <= msg.timestamp < until_ms):
+                        continue
+                    item = Item(
+                        msg.value or b"",
+                        msg.timestamp * 10**6,
+                        msg.timestamp,
+                        msg.key,
+                        (tp.topic, tp.partition, msg.offset),
+                    )
+                    items.append(item)
+        items.sort(key=lambda it: (it.time_ns, it.origin))
+        return items
+    finally:
+        consumer.close()
+
+
+def _partitions(consumer: Any, topic: str) -> set[int] | None:
+    deadline = time.monotonic() + 10
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts or time.monotonic() > deadline:
+            return parts
+        time.sleep(0.2)
+
+
+def _offsets_at(consumer: Any, tps: list, t_ns: int, default: dict, end: dict) -> dict:
+    """Per partition, the first offset whose timestamp is >= t_ns (ms resolution)."""
+    t_ms = math.ceil(t_ns / 10**6)
+    found = consumer.offsets_for_times({tp: t_ms for tp in tps})
+    return {tp: (found[tp].offset if found.get(tp) is not None else end[tp]) for tp in tps}
+
+
+def read_files(
+    paths: list[str], since_ns: int | None, until_ns: int | None, stats: ReadStats
+) -> list[Item]:
+    """Every complete line of the recordings whose record time is in the range, in time order.
+
+    Lines that are not valid records are left out and counted: there is nothing to
+    order them by, and no destination wants them.
+    """
+    items: list[Item] = []
+    for path in paths:
+        with opened_recording(path) as p:
+            for source, raw, offset in iter_recording_lines(p, stats):
+                rec = parse_line(raw, source=source, offset=offset)
+                if isinstance(rec, Quarantined):
+                    stats.quarantine(rec)
+                    continue
+                t = record_time_ns(rec)
+                if (since_ns is not None and t < since_ns) or (
+                    until_ns is not None and t >= until_ns
+                ):
+                    continue
+                items.append(Item(raw, t, t // 10**6, None, (source, offset)))
+    stats.records = len(items)
+    items.sort(key=lambda it: (it.time_ns, it.origin))
+    return items
+
+
+# --- destinations --------------------------------------------------------------------------
+
+
+def live_topics(cfg: Config) -> set[str]:
+    t = cfg.topics
+    return {t.ops, t.windows, t.throughput, t.anomalies, t.quarantine, t.dead_letter}
+
+
+def topic_for(cfg: Config, record: Any, prefix: str) -> str:
+    """The topic a record of this kind lives in (``[topics]`` names, prefixed)."""
+    t = cfg.topics
+    kind = record.KIND
+    name = {"window": t.windows, "throughput": t.throughput, "anomaly": t.anomalies}.get(
+        kind, t.ops
+    )
+    return prefix + name
+
+
+def key_for(record: Any) -> bytes:
+    """The message key the forwarder uses: ``<job>|<comm>`` on nccl.ops, the job elsewhere."""
+    if record.KIND in ("op",):
+        return f"{record.job}|{record.comm}".encode()
+    if record.KIND in ("drop", "plugin_stats"):
+        return f"{record.job}|".encode()
+    return record.job.encode()
+
+
+class Progress:
+    """``replay  45% 12,345/27,000 records`` redrawn on one stderr line, only on a terminal."""
+
+    def __init__(self, total: int, out: TextIO = sys.stderr, enabled: bool | None = None):
+        self.total = total
+        self.out = out
+        self.enabled = out.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def update(self, done: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.2:
+            return
+        self._last = now
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(frac * 30)
+        self.out.write(f"\rreplay [{bar:<30}] {frac:4.0%} {done:,}/{self.total:,} records")
+        self.out.flush()
+
+    def close(self, done: int) -> None:
+        if self.enabled:
+            self.update(done, force=True)
+            self.out.write("\n")
+            self.out.flush()
+
+
+def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    def fail(msg: str) -> int:
+        print(f"ncclwatch replay: {msg}", file=sys.stderr)
+        return 2
+
+    if bool(args.topic) == bool(args.files):
+        return fail("give either --topic or --files")
+    dests = [args.detect, bool(args.out), bool(args.to_topic), args.to_kafka]
+    if sum(dests) != 1:
+        return fail("give exactly one of --detect, --out, --to-topic, --to-kafka")
+    if args.offsets and (args.files or args.since or args.until):
+        return fail("--offsets is for topics and excludes --since/--until")
+    try:
+        since_ns = parse_time_ns(args.since) if args.since else None
+        until_ns = parse_time_ns(args.until) if args.until else None
+        offsets = [parse_offsets(o) for o in args.offsets]
+    except argparse.ArgumentTypeError as e:
+        return fail(str(e))
+    if args.to_topic or args.to_kafka:
+        live = live_topics(cfg)
+        targets = {args.to_topic} if args.to_topic else {args.topic_prefix + t for t in live}
+        # with --to-kafka the real targets depend on the records; every kind's topic is checked
+        hit = sorted(targets & live)
+        if hit and not args.into_live:
+            return fail(
+                f"refusing to write into live topic(s) {', '.join(hit)}: "
+                "give --into-live to mean it"
+            )
+        if args.to_topic and args.to_topic in args.topic:
+            return fail("refusing to replay a topic into itself")
+
+    stats = ReadStats()
+    if args.topic:
+        items = read_topics(cfg, args.topic, since_ns, until_ns, offsets)
+    else:
+        items = read_files(args.files, since_ns, until_ns, stats)
+    if stats.quarantined:
+        print(
+            f"left out {sum(stats.quarantined.values())} invalid line(s): {stats.quarantined}",
+            file=sys.stderr,
+        )
+    progress = Progress(len(items), enabled=False if args.no_progress else None)
+    pacer = Pacer(args.speed)
+    if args.detect:
+        n = _detect(cfg, items, pacer, progress, args.events_out, out)
+    elif args.out:
+        n = _to_file(items, args.out, pacer, progress)
+    else:
+        n = _to_kafka(cfg, items, pacer, progress, args.to_topic, args.topic_prefix)
+    progress.close(n)
+    print(f"replayed {n} record(s)", file=sys.stderr)
+    return 0
+
+
+def _paced(items: list[Item], pacer: Pacer, progress: Progress) -> Iterator[Item]:
+    for i, it in enumerate(items):
+        pacer.wait(it.time_ns)
+        yield it
+        progress.update(i + 1)
+
+
+def _detect(
+    cfg: Config,
+    items: list[Item],
+    pacer: Pacer,
+    progress: Progress,
+    events_out: str | None,
+    out: TextIO,
+) -> int:
+    from ncclwatch.detectors.watch import Watch
+
+    events_file = EventsFile(events_out)
+    watch = Watch(cfg, out=out, events_file=events_file)
+    n = 0
+    try:
+        for it in _paced(items, pacer, progress):
+            watch.feed(parse_line(it.raw))
+            n += 1
+        watch.flush()
+    finally:
+        events_file.close()
+    print(f"{watch.events_total} anomaly event(s)", file=out)
+    return n
+
+
+def _to_file(items: list[Item], path: str, pacer: Pacer, progress: Progress) -> int:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.endswith(".gz") else open
+    n = 0
+    with opener(path, "wb") as f:
+        for it in _paced(items, pacer, progress):
+            f.write(it.raw + b"\n")
+            n += 1
+    return n
+
+
+def _to_kafka(
+    cfg: Config,
+    items: list[Item],
+    pacer: Pacer,
+    progress: Progress,
+    to_topic: str | None,
+    prefix: str,
+) -> int:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
+    n = 0
+    try:
+        for it in _paced(items, pacer, progress):
+            rec = parse_line(it.raw)
+            if to_topic:
+                topic = to_topic
+                key = it.key if it.key is not None or isinstance(rec, Quarantined) else key_for(rec)
+            elif isinstance(rec, Quarantined):
+                continue  # nothing says which topic it belongs to
+            else:
+                topic = topic_for(cfg, rec, prefix)
+                key = it.key if it.key is not None else key_for(rec)
+            producer.send(topic, key=key, value=it.raw, timestamp_ms=it.timestamp_ms)
+            n += 1
+        producer.flush()
+    finally:
+        producer.close()
+    return n

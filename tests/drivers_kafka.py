@@ -1,0 +1,316 @@
+"""Test helpers for the detector drivers on the real Kafka broker.
+
+Shared by tests/test_faust_worker.py, tests/test_driver_equivalence.py and
+tests/test_replay.py: unique topics per test, publishing records the way the forwarder
+does (keys by job, Kafka timestamps = record times), reading a topic back, and running
+``ncclwatch worker`` as a real subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ncclwatch.detectors.drivers import JobDetectors, record_time_ns
+
+from ncclwatch import testing
+from ncclwatch.config import load
+from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
+
+KAFKA_CLIENT = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 2000}
+
+
+def topics_env(kafka_bootstrap: str, partitions: int = 2) -> dict[str, str]:
+    """Environment overrides that point every ncclwatch command at fresh topics."""
+    u = testing.unique_name("dt")
+    return {
+        "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "NCCLWATCH_TOPICS_OPS": f"{u}.ops",
+        "NCCLWATCH_TOPICS_WINDOWS": f"{u}.windows",
+        "NCCLWATCH_TOPICS_THROUGHPUT": f"{u}.throughput",
+        "NCCLWATCH_TOPICS_ANOMALIES": f"{u}.anomalies",
+        "NCCLWATCH_TOPICS_DEAD_LETTER": f"{u}.deadletter",
+        "NCCLWATCH_TOPICS_QUARANTINE": f"{u}.quarantine",
+        "NCCLWATCH_TOPICS_PARTITIONS": str(partitions),
+        "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
+        "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
+    }
+
+
+def config_of(env: dict[str, str]):
+    return load(None, environ=env)
+
+
+def create_topics(env: dict[str, str]) -> None:
+    cfg = config_of(env)
+    for name in (cfg.topics.ops, cfg.topics.windows, cfg.topics.throughput):
+        testing.kafka_create_topic(cfg.kafka.bootstrap_servers, name, cfg.topics.partitions)
+
+
+def topic_for(env: dict[str, str], record: Any) -> str:
+    cfg = config_of(env)
+    if isinstance(record, WindowSummary):
+        return cfg.topics.windows
+    if isinstance(record, ThroughputRecord):
+        return cfg.topics.throughput
+    return cfg.topics.ops
+
+
+def publish(env: dict[str, str], records: list, extra: list[tuple[str, bytes | None, bytes]] = ()) -> None:
+    """Records as the forwarder publishes them; ``extra`` = raw (topic, key, value) messages."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], acks="all", linger_ms=5)
+    try:
+        for rec in records:
+            key = rec.job if rec.KIND in ("window", "throughput") else f"{rec.job}|"
+            producer.send(
+                topic_for(env, rec),
+                key=key.encode(),
+                value=to_json(rec).encode(),
+                timestamp_ms=record_time_ns(rec) // 10**6,
+            )
+        for topic, key, value in extra:
+            producer.send(topic, key=key, value=value)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, idle_s: float = 1.0, timeout_s: float = 60.0) -> list:
+    """Every message of a topic (all partitions, from the beginning), in (timestamp, partition,
+    offset) order; waits until ``min_count`` arrived, then until none came for ``idle_s``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **KAFKA_CLIENT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        parts = None
+        while not parts:
+            parts = consumer.partitions_for_topic(topic)
+            if not parts:
+                if time.monotonic() > deadline:
+                    return []
+                time.sleep(0.2)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list = []
+        last_new = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=200)
+            for msgs in batch.values():
+                out.extend(msgs)
+            if any(batch.values()):
+                last_new = time.monotonic()
+            elif len(out) >= min_count and time.monotonic() - last_new >= idle_s:
+                break
+        out.sort(key=lambda m: (m.timestamp, m.partition, m.offset))
+        return out
+    finally:
+        consumer.close()
+
+
+def read_events(env: dict[str, str], **kwargs: Any) -> list[dict]:
+    msgs = read_topic(env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], env["NCCLWATCH_TOPICS_ANOMALIES"], **kwargs)
+    return [json.loads(m.value) for m in msgs]
+
+
+def committed(env: dict[str, str], group: str) -> dict[tuple[str, int], int]:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})  # kafka-python 3: by group
+        return {(tp.topic, tp.partition): om.offset for tp, om in offsets.items()}
+    finally:
+        admin.close()
+
+
+def end_offsets(env: dict[str, str], topics: list[str]) -> dict[tuple[str, int], int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])]
+        return {(tp.topic, tp.partition): o for tp, o in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def wait_consumed(env: dict[str, str], group: str, topics: list[str], timeout_s: float = 60.0) -> None:
+    """Until the group's committed offsets reached the end of every partition of ``topics``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ends = end_offsets(env, topics)
+        done = committed(env, group)
+        if all(done.get(tp, 0) >= end for tp, end in ends.items() if end > 0):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"group {group} did not consume {topics}: committed {done}, ends {ends}")
+        time.sleep(0.3)
+
+
+class WorkerProcess:
+    """``ncclwatch worker`` as a subprocess; its stderr goes to a file for the test's eyes."""
+
+    def __init__(self, env: dict[str, str], app_id: str, log_dir: Path, *args: str):
+        self.env = dict(os.environ, **env)
+        self.app_id = app_id
+        self.log_dir = log_dir
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> WorkerProcess:
+        self.starts += 1
+        self.log_path = self.log_dir / f"worker-{self.app_id}-{self.starts}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop/kill)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ncclwatch.cli",
+                "worker",
+                "--app-id",
+                self.app_id,
+                "--metrics-port",
+                "-1",
+                *self.args,
+            ],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def wait_assigned(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while "assigned" not in self.log_path.read_text():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker not assigned partitions in {timeout_s}s:\n{self.output()}")
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, no last commit, no flush."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def reference_events(cfg_env: dict[str, str], records: list) -> list:
+    """What the detectors give for these records in one process, in time order."""
+    cfg = config_of(cfg_env)
+    det = JobDetectors(cfg.detector)
+    events = []
+    for rec in sorted(records, key=record_time_ns):
+        events += det.process(rec)
+    return events
+
+
+def identity(ev: Any) -> tuple:
+    """What must be equal between drivers: which anomaly, what state, when, and why."""
+    d = (
+        ev
+        if isinstance(ev, dict)
+        else {f: getattr(ev, f) for f in ("id", "type", "state", "job", "key", "start_ns", "attribution")}
+    )
+    return (
+        d["id"],
+        d["type"],
+        d["state"],
+        d["job"],
+        json.dumps(d["key"], sort_keys=True),
+        d["start_ns"],
+        d["attribution"],
+    )
+
+
+def window_scenario(
+    job: str = "job-k",
+    *,
+    seconds: int = 60,
+    degrade_from_s: int = 40,
+    recover_at_s: int | None = None,
+    t0_ns: int = 1_763_800_000 * 10**9,
+    loss: float = 0.35,
+) -> list:
+    """Window summaries (2 network keys, 1 NVLink key, 2 ranks each) and job throughput, as the
+    forwarder would publish them; the network keys lose ``loss`` between ``degrade_from_s`` and
+    ``recover_at_s``."""
+    import random
+    import zlib
+
+    rnd = random.Random(zlib.crc32(job.encode()))
+    keys = [
+        ("0x00000000000000a0", "dp", "AllReduce", "32MiB", "net", 20.0),
+        ("0x00000000000000a1", "dp", "AllReduce", "32MiB", "net", 20.0),
+        ("0x00000000000000b0", "tp", "AllReduce", "1MiB", "nvlink", 150.0),
+    ]
+    out: list = []
+    for s in range(seconds):
+        degraded = s >= degrade_from_s and (recover_at_s is None or s < recover_at_s)
+        for comm, name, op, bucket, transport, bw in keys:
+            for rank in range(2):
+                v = bw * (1 - loss if degraded and transport == "net" else 1.0) * rnd.uniform(0.98, 1.02)
+                exec_ns = int((32 << 20 if bucket == "32MiB" else 1 << 20) / v)
+                out.append(
+                    WindowSummary(
+                        job=job,
+                        host=f"node-{rank}" if transport == "net" else "node-0",
+                        comm=comm,
+                        comm_name=name,
+                        op=op,
+                        size_bucket=bucket,
+                        transport=transport,
+                        rank=rank,
+                        nranks=2,
+                        start_ns=t0_ns + s * 10**9,
+                        end_ns=t0_ns + (s + 1) * 10**9,
+                        count=4,
+                        bytes=4 * (32 << 20 if bucket == "32MiB" else 1 << 20),
+                        exec_ns_min=exec_ns,
+                        exec_ns_p50=exec_ns,
+                        exec_ns_p95=exec_ns,
+                        exec_ns_max=exec_ns,
+                        busbw_gbs_p50=v,
+                        first_seq=4 * s,
+                        last_seq=4 * s + 3,
+                    )
+                )
+        out.append(
+            ThroughputRecord(
+                job=job,
+                host="node-0",
+                rank=-1,
+                ts_ns=t0_ns + (s + 1) * 10**9,
+                step=s,
+                tflops_per_gpu=(270.0 if degraded else 310.0) * rnd.uniform(0.99, 1.01),
+                tokens_per_s=None,
+                source="fixture",
+            )
+        )
+    return out

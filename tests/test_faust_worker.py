@@ -1,0 +1,152 @@
+"""``ncclwatch worker`` (Faust) against the real Kafka broker, as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from drivers_kafka import (
+    WorkerProcess,
+    config_of,
+    create_topics,
+    identity,
+    publish,
+    read_events,
+    read_topic,
+    reference_events,
+    topics_env,
+    wait_consumed,
+    window_scenario,
+)
+from ncclwatch.detectors.drivers import record_time_ns
+
+from ncclwatch import testing
+from ncclwatch.records import DropRecord, to_json
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def one_run(kafka_bootstrap, tmp_path_factory):
+    """One worker over two jobs' windows and throughput, a telemetry drop, and bad messages."""
+    env = topics_env(kafka_bootstrap)
+    create_topics(env)
+    cfg = config_of(env)
+    records = window_scenario("job-a", recover_at_s=52, seconds=62) + window_scenario("job-b", degrade_from_s=10**6)
+    drop = DropRecord(
+        job="job-a",
+        host="node-0",
+        pid=7,
+        gpu="GPU-0",
+        rank=0,
+        ts_ns=records[0].end_ns,
+        reason="ring_full",
+        count=3,
+        total=3,
+    )
+    bad = [
+        (cfg.topics.windows, b"job-a", b"{not json"),
+        (cfg.topics.windows, b"job-a", b'{"v": 2, "kind": "window"}'),
+        (
+            cfg.topics.throughput,
+            b"job-a",
+            to_json(records[0]).encode(),
+        ),  # a window on the throughput topic
+        (cfg.topics.windows, b"someone-else", to_json(records[0]).encode()),  # key is not the job
+        (cfg.topics.ops, b"job-a|", b"\xff\xfe"),
+    ]
+    publish(env, records + [drop], extra=bad)
+    worker = WorkerProcess(env, testing.unique_name("app"), tmp_path_factory.mktemp("worker")).start()
+    try:
+        expected = reference_events(env, records + [drop])
+        events = read_events(env, min_count=len(expected), idle_s=2.0, timeout_s=90)
+        dead = read_topic(kafka_bootstrap, cfg.topics.dead_letter, min_count=len(bad), idle_s=1.0, timeout_s=30)
+    finally:
+        rc = worker.stop()
+    return {
+        "env": env,
+        "events": events,
+        "expected": expected,
+        "dead": dead,
+        "bad": bad,
+        "rc": rc,
+        "log": worker.output(),
+    }
+
+
+def test_worker_publishes_the_network_anomaly_with_its_attribution(one_run):
+    firing = [e for e in one_run["events"] if e["state"] == "firing"]
+    assert firing, one_run["log"]
+    net = [e for e in firing if e["job"] == "job-a" and e["key"]["transport"] == "net"]
+    assert net and all(e["attribution"] == "network" for e in net), firing
+    assert {e["type"] for e in net} == {"network_path"}
+    # the healthy job raised nothing
+    assert not [e for e in one_run["events"] if e["job"] == "job-b"]
+
+
+def test_worker_events_equal_the_in_process_detectors_exactly_once(one_run):
+    got = [identity(e) for e in one_run["events"]]
+    want = [identity(e) for e in one_run["expected"]]
+    assert sorted(got) == sorted(want)
+    assert len(set(got)) == len(got), "an anomaly event was published twice"
+
+
+def test_worker_exits_cleanly_on_sigterm(one_run):
+    assert one_run["rc"] == 0, one_run["log"]
+
+
+def test_bad_messages_go_to_the_dead_letter_topic_with_the_reason(one_run):
+    dead = [json.loads(m.value) for m in one_run["dead"]]
+    assert len(dead) == len(one_run["bad"]), dead
+    assert all(d["kind"] == "quarantined" for d in dead)
+    by_raw = {d["raw"]: d for d in dead}
+    assert by_raw["{not json"]["reason"] == "not_json"
+    assert by_raw['{"v": 2, "kind": "window"}']["reason"] == "unknown_version"
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons.count("schema") == 2 and "not_utf8" in reasons
+    details = " ".join(d["detail"] for d in dead)
+    assert "does not belong on" in details and "is not the record's job" in details
+    assert all(d["source"].startswith("kafka:") and d["offset"] >= 0 for d in dead)
+
+
+def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka_bootstrap, tmp_path):
+    """Warm up, SIGKILL, restart, degrade: caught on time. Kill again while firing, restart,
+    recover: resolved once. The events equal one uninterrupted in-process run's."""
+    env = topics_env(kafka_bootstrap)
+    create_topics(env)
+    cfg = config_of(env)
+    records = window_scenario("job-r", seconds=70, degrade_from_s=40, recover_at_s=55)
+    t0 = records[0].start_ns
+    warm = [r for r in records if record_time_ns(r) <= t0 + 40 * 10**9]
+    degraded = [r for r in records if t0 + 40 * 10**9 < record_time_ns(r) <= t0 + 55 * 10**9]
+    recovery = [r for r in records if record_time_ns(r) > t0 + 55 * 10**9]
+    expected = reference_events(env, records)
+    assert [e.state for e in expected].count("firing") >= 1 and "resolved" in [e.state for e in expected]
+
+    worker = WorkerProcess(env, testing.unique_name("app"), tmp_path)
+    inputs = [cfg.topics.windows, cfg.topics.throughput]
+    try:
+        publish(env, warm)
+        worker.start()
+        wait_consumed(env, worker.app_id, inputs)
+        worker.kill()
+
+        worker.start()
+        publish(env, degraded)
+        firing = [e for e in expected if e.state == "firing"]
+        events = read_events(env, min_count=len(firing), idle_s=0.5, timeout_s=60)
+        assert len(events) >= len(firing), worker.output()
+        wait_consumed(env, worker.app_id, inputs)
+        worker.kill()
+
+        worker.start()
+        publish(env, recovery)
+        events = read_events(env, min_count=len(expected), idle_s=2.0, timeout_s=60)
+    finally:
+        worker.stop()
+    got = [identity(e) for e in events]
+    assert len(set(got)) == len(got), "an anomaly event was published twice"
+    assert sorted(got) == sorted(identity(e) for e in expected), worker.output()
+    # detected at the same stream time as without restarts: no re-warm-up
+    want_detected = sorted((e.id, e.state, e.detected_ns) for e in expected)
+    assert sorted((e["id"], e["state"], e["detected_ns"]) for e in events) == want_detected

@@ -1,0 +1,265 @@
+"""``ncclwatch watch``: the single-node driver on spools written like the plugin writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from ncclwatch import cli
+from ncclwatch.records import OpRecord, ThroughputRecord, parse_line, to_json
+from ncclwatch.rules import bandwidths_gbs, record_id
+
+T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the generator's
+
+
+def _op(job, host, pid, rank, comm, transport, nranks, nnodes, seq, start_ns, nbytes, busbw_gbs):
+    _, bus = bandwidths_gbs("AllReduce", nbytes, nranks, 1_000_000)
+    exec_ns = int(1_000_000 * bus / busbw_gbs)  # the time that gives this busbw
+    algbw, busbw = bandwidths_gbs("AllReduce", nbytes, nranks, exec_ns)
+    return OpRecord(
+        id=record_id(job, host, pid, comm, rank, "AllReduce", -1, seq),
+        job=job,
+        host=host,
+        pid=pid,
+        gpu=f"GPU-{pid}",
+        comm=comm,
+        comm_name="dp" if transport == "net" else "tp",
+        rank=rank,
+        nranks=nranks,
+        nnodes=nnodes,
+        local_ranks=-(-nranks // nnodes),
+        transport=transport,
+        op="AllReduce",
+        seq=seq,
+        count=nbytes // 4,
+        dtype="ncclFloat32",
+        bytes=nbytes,
+        peer=-1,
+        algo="RING",
+        proto="SIMPLE",
+        channels=8,
+        start_ns=start_ns,
+        exec_ns=exec_ns,
+        timing="kernel_gpu",
+        algbw_gbs=algbw,
+        busbw_gbs=busbw,
+        graph=False,
+    )
+
+
+def write_spool(
+    spool: Path, *, job="job-w", seconds=60, degrade_from_s=40, loss=0.35, first_s=0, seed=7
+) -> dict:
+    """A 2-node, 2-GPU-per-node job as the plugin spools it: one file per process.
+
+    Rail layout: GPU i of each node shares a data-parallel communicator with GPU i of the
+    other node (2 ranks, 2 nodes: transport ``net``, AllReduce 32 MiB), and the two GPUs
+    of a node share a tensor-parallel one (``nvlink``, AllReduce 1 MiB); each runs 4
+    times a second. From ``degrade_from_s`` on the network path loses ``loss`` of its
+    bandwidth and the job's throughput drops 13 %.
+    """
+    rnd = random.Random(seed * 1000 + first_s)
+    d = spool / job
+    d.mkdir(parents=True, exist_ok=True)
+    for node, host in enumerate(("node-a", "node-b")):
+        for gpu in range(2):
+            pid = 1000 + 10 * node + gpu
+            net_comm = f"0x00000000000000a{gpu}"
+            nvl_comm = f"0x00000000000000b{node}"
+            lines = []
+            for s in range(first_s, seconds):
+                degraded = s >= degrade_from_s
+                for k in range(4):
+                    t = T0_NS + s * 10**9 + k * 250_000_000 + pid * 1000
+                    net = 20.0 * (1 - loss if degraded else 1.0) * rnd.uniform(0.98, 1.02)
+                    nvl = 150.0 * rnd.uniform(0.98, 1.02)
+                    seq = s * 4 + k
+                    lines.append(
+                        _op(job, host, pid, node, net_comm, "net", 2, 2, seq, t, 32 << 20, net)
+                    )
+                    lines.append(
+                        _op(
+                            job,
+                            host,
+                            pid,
+                            gpu,
+                            nvl_comm,
+                            "nvlink",
+                            2,
+                            1,
+                            seq,
+                            t + 100_000_000,
+                            1 << 20,
+                            nvl,
+                        )
+                    )
+            name = f"{host}-GPU-{pid}-{pid}.{first_s:06d}.jsonl"
+            (d / name).write_text("".join(to_json(r) + "\n" for r in lines))
+    tp = [
+        ThroughputRecord(
+            job=job,
+            host="node-a",
+            rank=-1,
+            ts_ns=T0_NS + (s + 1) * 10**9,
+            step=s,
+            tflops_per_gpu=(310.0 if s < degrade_from_s else 270.0) * rnd.uniform(0.99, 1.01),
+            tokens_per_s=None,
+            source="fixture",
+        )
+        for s in range(first_s, seconds)
+    ]
+    (d / f"node-a-throughput-999.{first_s:06d}.jsonl").write_text(
+        "".join(to_json(r) + "\n" for r in tp)
+    )
+    return {"job": job, "degrade_ns": T0_NS + degrade_from_s * 10**9}
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _firing(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["state"] == "firing"]
+
+
+def test_watch_once_prints_the_firing_line_and_writes_the_event(tmp_path, capsys):
+    spool = tmp_path / "spool"
+    info = write_spool(spool)
+    out = tmp_path / "events.jsonl"
+    rc = cli.main(["watch", str(spool), "--once", "--events-out", str(out), "--metrics-port", "-1"])
+    assert rc == 0
+    events = _events(out)
+    for e in events:  # what was written is valid contract
+        assert parse_line(json.dumps(e)).KIND == "anomaly"
+    network = [e for e in _firing(events) if e["key"]["transport"] == "net"]
+    assert network, f"no anomaly on the degraded network key: {events}"
+    ev = network[0]
+    assert ev["attribution"] == "network" and ev["type"] == "network_path"
+    # it started where the degradation started, and was decided a few windows later
+    assert info["degrade_ns"] <= ev["start_ns"] <= info["degrade_ns"] + 2 * 10**9
+    assert ev["detected_ns"] <= info["degrade_ns"] + 10 * 10**9
+    assert not [e for e in _firing(events) if e["key"]["transport"] == "nvlink"]
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("FIRING network_path"))
+    assert f"job={info['job']}" in line and "AllReduce 32MiB net" in line
+    assert "GB/s" in line and "since" in line and "[" in line
+
+
+def test_watch_replays_a_tar_gz_recording_at_the_given_speed(tmp_path):
+    spool = tmp_path / "rec"
+    write_spool(spool, seconds=60)
+    archive = tmp_path / "run.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(spool, arcname="spool")
+    out = tmp_path / "ev.jsonl"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ncclwatch.cli",
+            "watch",
+            str(archive),
+            "--speed",
+            "60",
+            "--events-out",
+            str(out),
+            "--metrics-port",
+            "-1",
+            "--status-every-s",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    # 60 s of recording at 60x: about a second, not "as fast as possible"
+    assert took_s >= 0.9, took_s
+    assert "replaying" in proc.stdout and "60× real time" in proc.stdout
+    assert "FIRING network_path" in proc.stdout
+    assert "status" in proc.stdout and "GB/s" in proc.stdout
+    assert [e for e in _firing(_events(out)) if e["key"]["transport"] == "net"]
+
+
+def test_watch_resumes_from_saved_state_without_relearning_or_rereading(tmp_path, capsys):
+    """First run: warm-up only. Second run: only the degraded part is new, and it is caught."""
+    spool = tmp_path / "spool"
+    state = tmp_path / "state.json"
+    write_spool(spool, seconds=38, degrade_from_s=1000)
+    args = ["watch", str(spool), "--once", "--metrics-port", "-1", "--state", str(state)]
+    assert cli.main(args + ["--events-out", str(tmp_path / "a.jsonl")]) == 0
+    saved = json.loads(state.read_text())
+    assert saved["positions"] and saved["detectors"]["jobs"]
+    assert not _firing(_events(tmp_path / "a.jsonl")) if (tmp_path / "a.jsonl").exists() else True
+    # the run goes on in new segments; the old ones stay and must not be read again
+    info = write_spool(spool, first_s=38, seconds=60, degrade_from_s=40)
+    capsys.readouterr()
+    assert cli.main(args + ["--events-out", str(tmp_path / "b.jsonl")]) == 0
+    text = capsys.readouterr().out
+    assert "restored baselines of 1 job(s)" in text
+    ev = [e for e in _firing(_events(tmp_path / "b.jsonl")) if e["key"]["transport"] == "net"]
+    assert ev and info["degrade_ns"] <= ev[0]["start_ns"] <= info["degrade_ns"] + 2 * 10**9
+    # only the new 22 s were read: 4 ranks x 2 comms x 4 ops/s x 22 s
+    assert f"ops {4 * 2 * 4 * 22} " in text
+
+
+def test_watch_tails_a_live_spool_and_saves_state_on_sigterm(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    state = tmp_path / "state.json"
+    out = tmp_path / "ev.jsonl"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ncclwatch.cli",
+            "watch",
+            str(spool),
+            "--state",
+            str(state),
+            "--events-out",
+            str(out),
+            "--metrics-port",
+            "0",
+            "--status-every-s",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        time.sleep(1.0)
+        write_spool(spool)  # the files appear while watch is running
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out.exists() and out.read_text()):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "metrics on http://127.0.0.1:" in stdout
+    assert "FIRING network_path" in stdout
+    assert json.loads(state.read_text())["detectors"]["jobs"]
+
+
+@pytest.mark.parametrize("bad", ["nonexistent-dir"])
+def test_watch_on_a_missing_spool_fails_clearly(tmp_path, capsys, bad):
+    assert cli.main(["watch", str(tmp_path / bad), "--once", "--metrics-port", "-1"]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
