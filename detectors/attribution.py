@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
 from .straggler import StragglerScorer
+from .sustained import SustainedRule
 
 
 class KeyView(Protocol):
@@ -33,10 +34,10 @@ class KeyView(Protocol):
     size_bucket: str
     transport: str
     host: str | None
-    last_effect: float
     last_end_ns: int
     straggler: StragglerScorer
     rank_host: dict[int, str]
+    rule: SustainedRule
 
     @property
     def warm(self) -> bool: ...
@@ -56,20 +57,29 @@ def key_scope(k: KeyView) -> str:
     return f"{k.comm}/{k.op}/{k.size_bucket}/{k.transport}"
 
 
+def degraded_now(k: KeyView) -> bool:
+    """Firing, or degraded for all but the last of the windows it needs to fire.
+
+    One window over the threshold is what noise does now and then; a key that is one
+    window from firing is what a real fault starting at the same time looks like.
+    """
+    rule = k.rule
+    return rule.firing or rule.streak >= max(1, rule.sustain - 1)
+
+
 def attribute(
     key: KeyView,
     job_keys: Iterable[KeyView],
     *,
     effect: float,
-    threshold: float,
     now_ns: int,
     recent_ns: int,
 ) -> Verdict:
     """Classify the firing ``key`` given every key of its job.
 
-    A key counts as *degraded now* when its latest window had ``effect >= threshold``
-    and *holding* when its latest window was under it; either only if that window ended
-    within ``recent_ns`` of ``now_ns`` (a key that stopped reporting says nothing).
+    Other keys count as *degraded now* (:func:`degraded_now`) or *holding* only if warm
+    and their latest window ended within ``recent_ns`` of ``now_ns`` (a key that
+    stopped reporting says nothing).
     """
     rank = key.straggler.straggler(effect=effect)
     if rank is not None:
@@ -90,7 +100,7 @@ def attribute(
     for k in job_keys:
         if not k.warm or now_ns - k.last_end_ns > recent_ns:
             continue
-        bad = k.last_effect >= threshold
+        bad = k is key or degraded_now(k)
         if k.transport == "nvlink":
             if bad:
                 nv_degraded.append(k)

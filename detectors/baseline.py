@@ -7,8 +7,13 @@ guards taken from river's habits:
 - a warm-up (river's ``grace_period``): the first ``warmup`` observations only build the
   baseline, whose starting value is their *median*, so one slow window at job start does
   not become the reference;
-- protection (river's ``protect_anomaly_detector``): an observation already ``protect``
-  below the baseline is not learned, so a degradation never becomes the new normal;
+- robustness: a learned observation is clipped to ``clip_sigmas`` noise sigmas around
+  the baseline, so one spike moves it by little;
+- protection (river's ``protect_anomaly_detector``): the caller does not feed it the
+  windows of a sustained degradation (the pipeline holds a degraded streak back until it
+  knows whether it fired), and optionally ``protect`` refuses single observations that
+  far below the baseline. A per-window gate alone would cut off the low tail of the
+  noise and shrink the noise estimate; holding back streaks does not;
 - a cold-start prior: a value from the ``ncclwatch fit`` model that scores observations
   before the warm-up is over.
 
@@ -55,14 +60,16 @@ class EWMeanVar(base.Base):
         self.mean = 0.0
         self.var = 0.0
 
-    def update(self, x: float) -> None:
+    def update(self, x: float, weight: float | None = None) -> None:
+        """Learn ``x``; ``weight`` overrides the fading factor for this update."""
         if self.n == 0:
             self.mean = x
         else:
             diff = x - self.mean
-            incr = self.fading_factor * diff
+            a = self.fading_factor if weight is None else weight
+            incr = a * diff
             self.mean += incr
-            self.var = (1.0 - self.fading_factor) * (self.var + diff * incr)
+            self.var = (1.0 - a) * (self.var + diff * incr)
         self.n += 1
 
     def to_state(self) -> dict[str, Any]:
@@ -87,8 +94,10 @@ class RatioBaseline(base.Base):
         EW weight of a new observation once warm. 0.02 per 1 s window is a time constant
         of ~50 s: slow enough that a ramp over tens of seconds is still seen against
         what came before it.
+    clip_sigmas
+        A learned observation is clipped to this many noise sigmas from the baseline.
     protect
-        An observation whose effect is at least this is not learned.
+        If set, an observation whose effect is at least this is not learned at all.
     min_rel_sigma
         Floor of the relative noise used by :meth:`zscore`, so a very steady key does
         not make a 1 % wobble look like 10 sigma.
@@ -97,7 +106,7 @@ class RatioBaseline(base.Base):
     --------
     >>> import random
     >>> rng = random.Random(7)
-    >>> b = RatioBaseline(warmup=10)
+    >>> b = RatioBaseline(warmup=10, protect=0.1)
     >>> for _ in range(200):
     ...     b.learn_one(100.0 * rng.lognormvariate(0, 0.02))
     >>> b.baseline
@@ -115,19 +124,23 @@ class RatioBaseline(base.Base):
         self,
         warmup: int = 10,
         fading_factor: float = 0.02,
-        protect: float = 0.10,
+        clip_sigmas: float = 3.0,
+        protect: float | None = None,
         min_rel_sigma: float = 0.01,
     ):
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1, got {warmup!r}")
         if not 0 < fading_factor <= 1:
             raise ValueError(f"fading_factor must be in (0, 1], got {fading_factor!r}")
-        if not 0 < protect < 1:
-            raise ValueError(f"protect must be in (0, 1), got {protect!r}")
+        if not clip_sigmas > 0:
+            raise ValueError(f"clip_sigmas must be > 0, got {clip_sigmas!r}")
+        if protect is not None and not 0 < protect < 1:
+            raise ValueError(f"protect must be in (0, 1) or None, got {protect!r}")
         if not min_rel_sigma > 0:
             raise ValueError(f"min_rel_sigma must be > 0, got {min_rel_sigma!r}")
         self.warmup = warmup
         self.fading_factor = fading_factor
+        self.clip_sigmas = clip_sigmas
         self.protect = protect
         self.min_rel_sigma = min_rel_sigma
         self._reset()
@@ -135,6 +148,11 @@ class RatioBaseline(base.Base):
     def _reset(self) -> None:
         self._warm: list[float] = []  # log observations while warming up
         self._stats = EWMeanVar(self.fading_factor)  # of log observations, once warm
+        # Noise: EW mean of half the squared difference of successive learned logs. A
+        # slow drift barely moves successive differences, while it inflates the spread
+        # around the mean, which would mute the z-score exactly when a ramp needs it.
+        self._noise_var = 0.0
+        self._prev: float | None = None
         self._prior: float | None = None  # log of the cold-start value
         self._skipped = 0  # protected observations, for evidence
 
@@ -157,8 +175,8 @@ class RatioBaseline(base.Base):
 
     @property
     def rel_sigma(self) -> float:
-        """Relative noise of the observations around the baseline (EW std of the log)."""
-        return max(math.sqrt(self._stats.var), self.min_rel_sigma)
+        """Relative noise of one observation (std of the log, from successive differences)."""
+        return max(math.sqrt(self._noise_var), self.min_rel_sigma)
 
     def score_one(self, x: float) -> float:
         lb = self.log_baseline
@@ -179,7 +197,8 @@ class RatioBaseline(base.Base):
         """Cold-start value (e.g. from the fitted model), used until the warm-up ends."""
         self._prior = math.log(value) if value is not None and value > 0 else None
 
-    def learn_one(self, x: float) -> None:
+    def learn_one(self, x: float, level: bool = True) -> None:
+        """Learn ``x``; with ``level=False`` only its noise (the baseline level is held)."""
         if not x > 0 or x == math.inf:
             return
         lx = math.log(x)
@@ -189,24 +208,52 @@ class RatioBaseline(base.Base):
             if len(self._warm) >= self.warmup:
                 self._finish_warmup()
             return
-        if 1.0 - math.exp(lx - stats.mean) >= self.protect:
+        resid = lx - stats.mean
+        if self.protect is not None and 1.0 - math.exp(resid) >= self.protect:
             self._skipped += 1
             return
-        stats.update(lx)
+        sigma = self.rel_sigma
+        # A running mean while young (the warm-up estimate weighs `warmup` windows), then
+        # EW: the first minutes are not judged by ten windows' median and noise.
+        a = max(self.fading_factor, 1.0 / (self.warmup + stats.n))
+        if self._prev is not None:
+            # Raw differences, capped at clip_sigmas of their own spread (sqrt 2 sigma):
+            # a spike counts little, and an underestimate still grows back.
+            cap = self.clip_sigmas * 1.4142 * sigma
+            d = min(max(lx - self._prev, -cap), cap)
+            self._noise_var += a * (0.5 * d * d - self._noise_var)
+        self._prev = lx
+        if level:
+            limit = self.clip_sigmas * sigma
+            stats.update(stats.mean + min(max(resid, -limit), limit), a)
 
     def _finish_warmup(self) -> None:
-        warm = sorted(self._warm)
-        median = warm[len(warm) // 2]
-        mad = sorted(abs(v - median) for v in warm)[len(warm) // 2]
+        order = self._warm
+        warm = sorted(order)
+        n = len(warm)
+        median = warm[n // 2]
+        devs = sorted(abs(v - median) for v in warm)
+        mad = devs[n // 2]
+        # Successive differences without the two largest (one spike makes two): robust
+        # to a spike and to a drift during the warm-up.
+        diffs = sorted(0.5 * (b - a) ** 2 for a, b in zip(order, order[1:], strict=False))
+        kept = diffs[:-2] if len(diffs) >= 5 else diffs
+        diff_var = sum(kept) / len(kept) if kept else 0.0
+        # And the spread around the median without the largest deviation.
+        trimmed = devs[:-1] if n >= 5 else devs
+        spread_var = sum(d * d for d in trimmed) / max(len(trimmed) - 1, 1)
         start = median
         prior = self._prior
-        if prior is not None and 1.0 - math.exp(median - prior) >= self.protect:
+        gate = self.protect if self.protect is not None else 0.10
+        if prior is not None and 1.0 - math.exp(median - prior) >= gate:
             # The whole warm-up looks degraded against the fitted model: trust the model
             # rather than learn a degraded period as normal.
             start = prior
         self._stats.update(start)
-        # MAD -> sigma for a normal distribution; seeds the noise estimate.
-        self._stats.var = (1.4826 * mad) ** 2
+        # The largest of three estimates: ten windows often give one far below the true
+        # noise, and an underestimate means false alarms.
+        self._noise_var = max((1.4826 * mad) ** 2, diff_var, spread_var)
+        self._prev = order[-1]
         self._warm = []
 
     # --- persistence --------------------------------------------------------------
@@ -215,6 +262,8 @@ class RatioBaseline(base.Base):
         return {
             "warm": list(self._warm),
             "stats": self._stats.to_state(),
+            "noise_var": self._noise_var,
+            "prev": self._prev,
             "prior": self._prior,
             "skipped": self._skipped,
         }
@@ -224,6 +273,8 @@ class RatioBaseline(base.Base):
         obj = cls(**params)
         obj._warm = list(state["warm"])
         obj._stats.load_state(state["stats"])
+        obj._noise_var = state["noise_var"]
+        obj._prev = state["prev"]
         obj._prior = state["prior"]
         obj._skipped = state["skipped"]
         return obj

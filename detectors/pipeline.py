@@ -12,7 +12,8 @@ Flow for window summaries (one per job, comm, op, size bucket, transport, rank, 
 1. windows of one key and window start are *grouped across ranks* (a collective's bus
    bandwidth belongs to the whole communicator). A group closes when every rank of the
    communicator reported, when a later group of the key closes, or when the job's stream
-   time (largest window end seen) is ``lateness_windows`` windows past its end;
+   time (largest window end seen) is ``lateness_windows`` windows past its end (more,
+   up to ``max_lateness_windows``, once windows of a lagging forwarder arrive late);
 2. a closed group gives the key's observation: the median over ranks of busbw p50; the
    ranks' exec p50s, aligned by sequence range, feed the straggler scorer;
 3. the key's :class:`~.baseline.RatioBaseline` scores it (effect ``1 - observed/baseline``),
@@ -44,7 +45,7 @@ from ncclwatch.records import (
     WindowSummary,
 )
 
-from .attribution import Verdict, attribute
+from .attribution import Verdict, attribute, degraded_now
 from .baseline import DriftEvidence, RatioBaseline
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .model import BusbwModel
@@ -64,7 +65,8 @@ class KeyState:
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
         "host", "rank_host", "baseline", "drift", "rule", "straggler", "pending",
-        "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "incident",
+        "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "hold",
+        "unlearned", "frozen_until", "incident",
     )
 
     def __init__(self, w: WindowSummary, p: _Params):
@@ -89,6 +91,15 @@ class KeyState:
         # The current degraded streak before it fires: [windows, effect sum, peak,
         # observed sum, baseline sum, Page-Hinkley fired].
         self.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
+        # they belong to the anomaly only if the streak breaks.
+        self.hold: list[list[float]] = []
+        # Observations of a degraded streak that has not fired (yet): learned only if the
+        # streak turns out to be a spike, so a sustained degradation is never learned.
+        self.unlearned: list[float] = []
+        # Page-Hinkley saw the key drift down: learn nothing until then, so a slow ramp
+        # is measured against where it started rather than followed.
+        self.frozen_until = -1
         self.incident: str | None = None
 
     @property
@@ -128,6 +139,9 @@ class KeyState:
             "last_effect": self.last_effect,
             "last_observed": self.last_observed,
             "acc": list(self.acc),
+            "hold": [list(h) for h in self.hold],
+            "unlearned": list(self.unlearned),
+            "frozen_until": self.frozen_until,
             "incident": self.incident,
         }
 
@@ -153,14 +167,17 @@ class KeyState:
         obj.last_effect = st["last_effect"]
         obj.last_observed = st["last_observed"]
         obj.acc = list(st["acc"])
+        obj.hold = [list(h) for h in st["hold"]]
+        obj.unlearned = list(st["unlearned"])
+        obj.frozen_until = st["frozen_until"]
         obj.incident = st["incident"]
         return obj
 
 
 class JobState:
     __slots__ = (
-        "job", "watermark", "next_tick_ns", "window_ns", "silent", "keys", "pending_keys",
-        "telemetry", "throughput", "incidents", "tp_suppressed",
+        "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "keys",
+        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed",
     )
 
     def __init__(self, job: str, cfg: DetectorConfig):
@@ -168,6 +185,7 @@ class JobState:
         self.watermark = -1  # the job's stream time: largest window end seen
         self.next_tick_ns = -1
         self.window_ns = 0
+        self.lateness_ns = 0  # how long an incomplete group waits past its end
         self.silent = False
         self.keys: dict[KeyTuple, KeyState] = {}
         self.pending_keys: dict[KeyTuple, KeyState] = {}
@@ -187,7 +205,7 @@ class _Params:
     """Estimator parameters derived once from the config."""
 
     def __init__(self, cfg: DetectorConfig):
-        self.baseline = {"warmup": cfg.warmup_windows, "protect": cfg.threshold}
+        self.baseline = {"warmup": cfg.warmup_windows}
         self.drift = {"min_instances": cfg.warmup_windows}
         self.rule = {
             "threshold": cfg.threshold,
@@ -236,7 +254,9 @@ class Pipeline:
     [('network_path', 'firing', 20, 23, 0.3)]
     """
 
-    lateness_windows = 2  # how long an incomplete rank group waits, in windows
+    lateness_windows = 2  # how long an incomplete rank group waits, in windows, at first
+    max_lateness_windows = 8  # the most it will wait for a lagging forwarder
+    drift_freeze_windows = 60  # a key drifting down learns nothing for this long
     z_min = 3.0  # a window is degraded only if also this many noise sigmas low
     job_evict_s = 3600.0  # a job silent this long (advance) is forgotten
 
@@ -344,6 +364,7 @@ class Pipeline:
             job = self._jobs[w.job] = JobState(w.job, self.cfg)
         if not job.window_ns:
             job.window_ns = max(w.end_ns - w.start_ns, 1)
+            job.lateness_ns = self.lateness_windows * job.window_ns
         end = w.end_ns
         if end > self.last_end_ns:
             self.last_end_ns = end
@@ -368,6 +389,11 @@ class Pipeline:
             start = w.start_ns
             if start < ks.closed_before:
                 self.late_windows += 1
+                # A forwarder that lags: wait longer for it from now on (bounded), or
+                # its ranks would drop out of every group for good.
+                lag = job.watermark - end + job.window_ns
+                if lag > job.lateness_ns:
+                    job.lateness_ns = min(lag, self.max_lateness_windows * job.window_ns)
             else:
                 group = ks.pending.get(start)
                 if group is None:
@@ -435,13 +461,21 @@ class Pipeline:
                 degraded = (lb - math.log(obs)) / base.rel_sigma >= self.z_min
             if base.warm:
                 ks.drift.update(math.log(obs) - lb)
+                if ks.drift.drift_detected:
+                    ks.frozen_until = end + self.drift_freeze_windows * ks.window_ns
         rule = ks.rule
         was_firing = rule.firing
         transition = rule.update(effect, start, degraded)
         if was_firing:
             inc = job.incidents.get(ks.incident) if ks.incident else None
-            if inc is not None:
-                inc.add_window(effect, obs, b, inc.trigger == ks.tuple)
+            if transition == RESOLVE or effect < cfg.recover_threshold:
+                ks.hold.append([effect, obs, b])
+            elif inc is not None:
+                trigger = inc.trigger == ks.tuple
+                for h in ks.hold:  # the recovery did not hold: those windows count
+                    inc.add_window(h[0], h[1], h[2], trigger)
+                ks.hold = []
+                inc.add_window(effect, obs, b, trigger)
                 if degraded and ks.drift.drift_detected:
                     inc.drift = True
         elif degraded:
@@ -456,8 +490,20 @@ class Pipeline:
                 acc[5] = True
         elif ks.acc[0]:
             ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
-        if not rule.firing and transition is None:
-            base.learn_one(obs)
+        if transition is None and not rule.firing:
+            if degraded:
+                ks.unlearned.append(obs)
+            elif end <= ks.frozen_until:
+                ks.unlearned = []
+                base.learn_one(obs, level=False)
+            else:
+                if ks.unlearned:
+                    for o in ks.unlearned:
+                        base.learn_one(o)
+                    ks.unlearned = []
+                base.learn_one(obs)
+        elif ks.unlearned:
+            ks.unlearned = []
         ks.last_end_ns = end
         ks.last_effect = effect
         ks.last_observed = obs
@@ -478,9 +524,8 @@ class Pipeline:
             ks,
             job.keys.values(),
             effect=effect,
-            threshold=self.cfg.threshold,
             now_ns=job.watermark,
-            recent_ns=(self.lateness_windows + 2) * ks.window_ns,
+            recent_ns=job.lateness_ns + 2 * ks.window_ns,
         )
         if v.type == "intra_node" and ks.transport != "nvlink":
             inc = job.find("intra_node", None)  # a mixed key joins the node's incident
@@ -548,6 +593,7 @@ class Pipeline:
         inc = job.incidents.get(ks.incident) if ks.incident else None
         ks.incident = None
         ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        ks.hold = []
         if inc is None:
             return
         gk = ks.tuple
@@ -591,13 +637,14 @@ class Pipeline:
         w = job.window_ns
         now = job.watermark
         job.next_tick_ns = now - now % w + w
-        due = now - (1 + self.lateness_windows) * w
+        due = now - job.lateness_ns  # groups ending by then close, complete or not
         for ks in list(job.pending_keys.values()):
-            starts = [s for s in ks.pending if s + ks.window_ns <= due + w]
+            starts = [s for s in ks.pending if s + ks.window_ns <= due]
             if starts:
                 self._close_upto(job, ks, max(starts), out)
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
+        self._decide_throughput_drop(job, out)
 
     def _close_all(self, job: JobState, out: list) -> None:
         for ks in list(job.pending_keys.values()):
@@ -617,6 +664,7 @@ class Pipeline:
                 if ks is not None:
                     ks.rule.force_resolve(last)
                     ks.incident = None
+                    ks.hold = []
                 inc.members.remove(gk)
                 inc.end_ns = max(inc.end_ns or last, last)
             if not inc.members:
@@ -671,9 +719,11 @@ class Pipeline:
                 ks.rule.force_resolve(ks.last_end_ns)
             ks.incident = None
             ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+            ks.hold = []
         tp = job.throughput
         if tp.rule.firing:
             tp.rule.force_resolve(tp.ts_ns)
+        tp.pending_fire = None
         job.tp_suppressed = False
         for inc in list(job.incidents.values()):
             if inc.end_ns is None:
@@ -695,10 +745,9 @@ class Pipeline:
         if any(inc.type in COMM_TYPES for inc in job.incidents.values()):
             return True
         now = job.watermark
-        recent = (self.lateness_windows + 2) * job.window_ns
-        rt = self.cfg.recover_threshold
+        recent = job.lateness_ns + 2 * job.window_ns
         return any(
-            ks.last_effect >= rt and now - ks.last_end_ns <= recent for ks in job.keys.values()
+            degraded_now(ks) and now - ks.last_end_ns <= recent for ks in job.keys.values()
         )
 
     def _step(self, job: JobState, ts: int, value: float, out: list) -> None:
@@ -712,37 +761,81 @@ class Pipeline:
         was_firing = tp.rule.firing
         transition = tp.rule.update(effect, ts, degraded)
         trouble = self._comm_trouble(job)
-        if not tp.rule.firing and transition is None and not trouble:
-            base.learn_one(value)
+        if transition is None and not tp.rule.firing and not trouble:
+            if degraded:
+                tp.unlearned.append(value)
+            else:
+                for v in tp.unlearned:
+                    base.learn_one(v)
+                tp.unlearned = []
+                base.learn_one(value)
+        else:
+            tp.unlearned = []
         tinc = job.find("throughput_drop", "")
         if was_firing and tinc is not None:
             tinc.add_window(effect, None, None, False)
         if transition == FIRE:
-            if trouble:
-                job.tp_suppressed = True  # comm anomalies carry the throughput loss
-            else:
-                start = tp.rule.start_ns if tp.rule.start_ns is not None else ts
-                inc = self._open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
-                observed, n = tp.mean(start, None)
-                inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
-                inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
-                inc.throughput_delta = tp.delta(start, None)
-                inc.evidence.update(
-                    {
-                        "tflops_baseline": base.baseline,
-                        "tflops_observed": observed,
-                        "threshold": cfg.throughput_drop,
-                    }
-                )
-                self._emit(inc.event("firing", max(job.watermark, ts)), out)
+            tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else ts
+            tp.fire_ts = ts
         elif transition == RESOLVE:
             job.tp_suppressed = False
+            tp.pending_fire = None
             if tinc is not None:
                 tinc.end_ns = tp.rule.end_ns
                 self._resolve(job, tinc, out)
+        self._decide_throughput_drop(job, out)
         for inc in list(job.incidents.values()):
             if inc.type in COMM_TYPES and self._set_throughput(job, inc):
                 self._emit(inc.event("firing", max(job.watermark, ts)), out)
+
+    def _decide_throughput_drop(self, job: JobState, out: list) -> None:
+        """Report a sustained throughput drop once the windows of its time are in.
+
+        Throughput records reach the detector sooner than window summaries (a window
+        is published after it closes), so at the step that completes a drop the comm
+        windows of the same seconds may not be here yet: decide when every active key has
+        closed its window of the step's time, when the job has no windows at all, or when
+        the windows lag the throughput by more than the telemetry timeout.
+        """
+        tp = job.throughput
+        if tp.pending_fire is None:
+            return
+        t = tp.fire_ts
+        now = job.watermark
+        ready = (
+            not job.keys
+            or tp.ts_ns - now > self._timeout_ns
+            or all(
+                ks.closed_before > t - ks.window_ns
+                for ks in job.keys.values()
+                if now - ks.last_end_ns <= self._timeout_ns
+            )
+        )
+        if not ready:
+            return
+        if self._comm_trouble(job):
+            # A comm anomaly carries the loss; look again at the next step, as the drop
+            # may outlast it (then it is not NCCL's any more).
+            job.tp_suppressed = True
+            return
+        start = tp.pending_fire
+        tp.pending_fire = None
+        cfg = self.cfg
+        base = tp.baseline.baseline
+        inc = self._open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
+        observed, n = tp.mean(start, None)
+        effect = 1.0 - observed / base if observed is not None and base else 0.0
+        inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
+        inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
+        inc.throughput_delta = tp.delta(start, None)
+        inc.evidence.update(
+            {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
+             "after_comm_anomaly": job.tp_suppressed}
+        )
+        job.tp_suppressed = False
+        detected = max(job.watermark, tp.ts_ns)
+        inc.detected_ns = detected
+        self._emit(inc.event("firing", detected), out)
 
     # --- telemetry records ----------------------------------------------------------
 
@@ -818,6 +911,7 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "watermark": job.watermark,
         "next_tick": job.next_tick_ns,
         "window_ns": job.window_ns,
+        "lateness_ns": job.lateness_ns,
         "silent": job.silent,
         "keys": [[*gk, ks.to_state()] for gk, ks in job.keys.items()],
         "pending_keys": [list(gk) for gk in job.pending_keys],
@@ -833,6 +927,7 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: _Para
     job.watermark = st["watermark"]
     job.next_tick_ns = st["next_tick"]
     job.window_ns = st["window_ns"]
+    job.lateness_ns = st["lateness_ns"]
     job.silent = st["silent"]
     for *gk, ks_state in st["keys"]:
         job.keys[tuple(gk)] = KeyState.from_state(gk, ks_state, p)
@@ -845,3 +940,13 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: _Para
         job.incidents[inc.id] = inc
     job.tp_suppressed = st["tp_suppressed"]
     return job
+
+
+def detect_all(records: Any, cfg: Any, *, model: Any = None) -> list[AnomalyEvent]:
+    """Run a finite stream through a fresh pipeline; flush at the end (open stays open)."""
+    p = Pipeline(cfg, model=model)
+    out: list[AnomalyEvent] = []
+    for rec in records:
+        out += p.process(rec)
+    out += p.flush()
+    return out

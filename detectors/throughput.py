@@ -4,7 +4,8 @@ Throughput records arrive per step, from one reporter (``rank == -1``) or from s
 ranks; the ranks' reports of one step are averaged. A step is complete when a job-level
 record arrives or when a later step shows up. The completed series feeds:
 
-- a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth);
+- a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth:
+  the pipeline holds degraded steps back and never feeds it a sustained drop);
 - a :class:`~.sustained.SustainedRule` at ``throughput_drop`` for ``throughput_drop``
   anomalies (the job slowed while NCCL did not: "not NCCL");
 - a bounded history used for ``throughput_delta``: mean TFLOP/s over an anomaly
@@ -27,7 +28,7 @@ BEFORE_NS = 60 * 10**9  # how far back "the baseline before it" looks
 
 
 def _baseline_params(cfg: DetectorConfig) -> dict[str, Any]:
-    return {"warmup": cfg.warmup_windows, "protect": cfg.throughput_drop}
+    return {"warmup": cfg.warmup_windows}
 
 
 def _rule_params(cfg: DetectorConfig) -> dict[str, Any]:
@@ -42,7 +43,10 @@ def _rule_params(cfg: DetectorConfig) -> dict[str, Any]:
 class ThroughputTracker:
     """Per-job throughput state (plain object; the pipeline owns one per job)."""
 
-    __slots__ = ("cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last")
+    __slots__ = (
+        "cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last", "unlearned",
+        "pending_fire", "fire_ts",
+    )
 
     def __init__(self, cfg: DetectorConfig):
         self.cfg = cfg
@@ -54,6 +58,9 @@ class ThroughputTracker:
         self.n = 0
         self.ts_ns = 0
         self.last: float | None = None  # latest completed step's TFLOP/s
+        self.unlearned: list[float] = []  # a degraded streak held back from the baseline
+        self.pending_fire: int | None = None  # start of a drop waiting for its windows
+        self.fire_ts = 0  # the step that completed it
 
     def add(self, rec: ThroughputRecord) -> list[tuple[int, float]]:
         """Account one record; return the steps it completed as ``(ts_ns, tflops)``."""
@@ -104,6 +111,9 @@ class ThroughputTracker:
             "n": self.n,
             "ts": self.ts_ns,
             "last": self.last,
+            "unlearned": list(self.unlearned),
+            "pending_fire": self.pending_fire,
+            "fire_ts": self.fire_ts,
         }
 
     @classmethod
@@ -114,4 +124,7 @@ class ThroughputTracker:
         obj.history.extend((int(ts), v) for ts, v in state["history"])
         obj.step, obj.sum, obj.n, obj.ts_ns = state["step"], state["sum"], state["n"], state["ts"]
         obj.last = state["last"]
+        obj.unlearned = list(state["unlearned"])
+        obj.pending_fire = state["pending_fire"]
+        obj.fire_ts = state["fire_ts"]
         return obj
