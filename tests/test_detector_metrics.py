@@ -1,0 +1,163 @@
+"""DetectorMetrics: the names others depend on, bounded cardinality, series lifecycles."""
+
+from __future__ import annotations
+
+from ncclwatch.detectors import scenarios
+from ncclwatch.detectors.metrics import DetectorMetrics
+from ncclwatch.detectors.pipeline import Pipeline
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import WindowSummary
+
+S = 10**9
+NAMES = [
+    "ncclwatch_busbw_observed_gbs",
+    "ncclwatch_busbw_baseline_gbs",
+    "ncclwatch_degradation_ratio",
+    "ncclwatch_exec_seconds",
+    "ncclwatch_anomaly_active",
+    "ncclwatch_anomalies_total",
+    "ncclwatch_job_tflops_per_gpu",
+    "ncclwatch_rank_relative_exec",
+    "ncclwatch_detector_records_total",
+    "ncclwatch_detector_lag_seconds",
+    "ncclwatch_detector_keys",
+]
+
+
+def run(name: str, registry: CollectorRegistry, stop_s: float | None = None, **kw):
+    records, _ = scenarios.generate(scenarios.by_name(name))
+    p = Pipeline(DetectorConfig())
+    m = DetectorMetrics(registry, **kw).bind(p)
+    events = []
+    for rec in records:
+        if stop_s is not None and rec.KIND == "window" and (
+                rec.end_ns - scenarios.STREAM_START_NS) / S > stop_s:
+            break
+        events += p.process(rec)
+    return p, m, events
+
+
+def sample(reg, name, **labels):
+    return reg.get_sample_value(name, labels)
+
+
+def test_every_documented_metric_is_exported_with_its_labels():
+    reg = CollectorRegistry()
+    p, m, events = run("throughput_with_comm_2x8", reg, stop_s=70)  # mid-anomaly
+    text = generate_latest(reg).decode()
+    for name in NAMES:
+        assert f"# TYPE {name} " in text, name
+    job = "sim-throughput_with_comm_2x8"
+    comm = scenarios.communicators(scenarios.by_name("throughput_with_comm_2x8"))[0].hash
+    key = dict(job=job, comm=comm, op="AllReduce", size_bucket="64MiB", transport="mixed")
+    observed = sample(reg, "ncclwatch_busbw_observed_gbs", **key)
+    baseline = sample(reg, "ncclwatch_busbw_baseline_gbs", **key)
+    ratio = sample(reg, "ncclwatch_degradation_ratio", **key)
+    assert 0.3 < ratio < 0.5 and abs(ratio - (1 - observed / baseline)) < 1e-9
+    (ev,) = events
+    assert sample(reg, "ncclwatch_anomaly_active", job=job, type="network_path", comm=comm,
+                  op="AllReduce", size_bucket="64MiB", transport="mixed", rank="") == 1.0
+    assert sample(reg, "ncclwatch_anomalies_total", job=job, type="network_path",
+                  severity=ev.severity) == 1.0
+    assert sample(reg, "ncclwatch_job_tflops_per_gpu", job=job) > 200
+    assert sample(reg, "ncclwatch_exec_seconds_count", job=job, op="AllReduce",
+                  transport="mixed") > 0
+    assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec", job=job, comm=comm, rank="11") < 1.5
+    assert sample(reg, "ncclwatch_detector_records_total", kind="window") > 1000
+    assert sample(reg, "ncclwatch_detector_keys") == p.key_count() == 14
+    assert sample(reg, "ncclwatch_detector_lag_seconds") > 0  # replayed past data lags
+
+
+def test_anomaly_series_are_removed_when_the_anomaly_resolves():
+    reg = CollectorRegistry()
+    _, _, events = run("network_step30_2x2", reg)
+    assert [e.state for e in events] == ["firing", "resolved"]
+    assert "ncclwatch_anomaly_active{" not in generate_latest(reg).decode()
+    assert sample(reg, "ncclwatch_anomalies_total", job="sim-network_step30_2x2",
+                  type="network_path", severity="critical") == 1.0
+
+
+def test_key_series_are_bounded_by_max_keys_evicting_the_least_recently_updated():
+    reg = CollectorRegistry()
+    p, m, _ = run("steady_2x8", reg, stop_s=20, max_keys=5)
+    assert p.key_count() == 14 and m.key_series == 5
+    text = generate_latest(reg).decode()
+    assert text.count("ncclwatch_busbw_observed_gbs{") == 5
+    assert text.count("ncclwatch_degradation_ratio{") == 5
+    assert text.count("ncclwatch_rank_relative_exec{") == 5
+
+
+def test_registry_is_private_unless_given():
+    a, b = DetectorMetrics(), DetectorMetrics()
+    a.record("window")
+    assert a.registry is not b.registry
+    assert b.registry.get_sample_value("ncclwatch_detector_records_total",
+                                       {"kind": "window"}) is None
+
+
+def test_a_forgotten_job_loses_its_series():
+    reg = CollectorRegistry()
+    p, m, _ = run("network_step30_2x2", reg, stop_s=70)
+    assert "sim-network_step30_2x2" in generate_latest(reg).decode()
+    p.job_evict_s = 1
+    p.advance(p.last_end_ns + 100 * S)
+    text = generate_latest(reg).decode()
+    assert "sim-network_step30_2x2" not in text
+    assert m.key_series == 0
+
+
+def test_observe_binds_on_first_use_and_counts_each_record_and_anomaly_once():
+    reg = CollectorRegistry()
+    m = DetectorMetrics(reg)
+    records, _ = scenarios.generate(scenarios.by_name("network_step30_2x2"))
+    p = Pipeline(DetectorConfig())
+    for rec in records:
+        events = p.process(rec)
+        m.observe(rec, p, events)
+        m.worker_batch(type("Out", (), {"events": events})(), lag_s=1.5)
+    windows = sum(1 for r in records if r.KIND == "window")
+    assert sample(reg, "ncclwatch_detector_records_total", kind="window") == windows
+    assert sample(reg, "ncclwatch_anomalies_total", job="sim-network_step30_2x2",
+                  type="network_path", severity="critical") == 1.0
+    assert sample(reg, "ncclwatch_detector_lag_seconds") == 1.5
+
+
+def test_two_open_anomalies_sharing_a_series_keep_it_until_both_resolve():
+    m = DetectorMetrics()
+    from ncclwatch.records import AnomalyEvent
+
+    def ev(i, state):
+        return AnomalyEvent(id=f"{i:016x}", type="telemetry_loss", state=state, job="j",
+                            key={"comm": None, "comm_name": None, "op": None,
+                                 "size_bucket": None, "transport": None},
+                            host=f"h{i}", rank=None, start_ns=0,
+                            end_ns=None if state == "firing" else 1, detected_ns=1,
+                            baseline_busbw_gbs=None, observed_busbw_gbs=None, effect=0.0,
+                            attribution="telemetry", throughput_delta=None, severity="warning",
+                            evidence={})
+
+    labels = dict(job="j", type="telemetry_loss", comm="", op="", size_bucket="",
+                  transport="", rank="")
+    m.event(ev(1, "firing"))
+    m.event(ev(2, "firing"))
+    m.event(ev(1, "resolved"))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", labels) == 1.0
+    m.event(ev(2, "resolved"))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", labels) is None
+
+
+def test_window_with_unusual_label_values_is_exported_escaped():
+    reg = CollectorRegistry()
+    p = Pipeline(DetectorConfig(warmup_windows=2))
+    DetectorMetrics(reg).bind(p)
+    for t in range(5):
+        for r in (0, 1):
+            p.process(WindowSummary(
+                job='a"b\\c\nd', host="h", comm="0x0000000000000001", comm_name="", op="Send",
+                size_bucket="1KiB", transport="net", rank=r, nranks=2, start_ns=t * S,
+                end_ns=(t + 1) * S, count=1, bytes=1024, exec_ns_min=1, exec_ns_p50=1000,
+                exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=1.0, first_seq=t, last_seq=t))
+    text = generate_latest(reg).decode()
+    assert 'job="a\\"b\\\\c\\nd"' in text

@@ -1,0 +1,304 @@
+"""Pipeline behaviour on small hand-built streams: when it fires, what it says, when not."""
+
+from __future__ import annotations
+
+from ncclwatch.detectors.model import BusbwModel, ModelEntry
+from ncclwatch.detectors.pipeline import Pipeline
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import (
+    DropRecord,
+    OpRecord,
+    PluginStats,
+    ThroughputRecord,
+    WindowSummary,
+)
+
+S = 10**9
+T0 = 1_700_000_000  # seconds
+NET = "0x00000000000000a1"
+NET2 = "0x00000000000000a3"
+NV = "0x00000000000000b1"
+CFG = DetectorConfig(warmup_windows=5)
+
+
+def win(t, rank, busbw, *, comm=NET, op="AllReduce", bucket="64MiB", transport="net",
+        nranks=2, host=None, exec_ns=None, job="j", seq=None) -> WindowSummary:
+    first = 10 * t if seq is None else seq
+    return WindowSummary(
+        job=job, host=host if host is not None else f"h{rank}", comm=comm, comm_name="",
+        op=op, size_bucket=bucket, transport=transport, rank=rank, nranks=nranks,
+        start_ns=(T0 + t) * S, end_ns=(T0 + t + 1) * S, count=10, bytes=10 << 26,
+        exec_ns_min=1, exec_ns_p50=exec_ns if exec_ns is not None else int(67e6 / busbw),
+        exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=busbw, first_seq=first, last_seq=first + 9,
+    )
+
+
+def feed(p: Pipeline, seconds, make) -> list:
+    out = []
+    for t in seconds:
+        for rec in make(t):
+            out += p.process(rec)
+    return out
+
+
+def two_ranks(busbw_at, **kw):
+    return lambda t: [win(t, r, busbw_at(t), **kw) for r in (0, 1)]
+
+
+def s(ns):
+    return None if ns is None else ns // S - T0
+
+
+def test_sustained_loss_fires_after_sustain_windows_from_the_first_degraded_window():
+    p = Pipeline(CFG)
+    events = feed(p, range(40), two_ranks(lambda t: 28.0 if t >= 20 else 40.0))
+    assert [(e.state, s(e.start_ns), s(e.detected_ns)) for e in events] == [("firing", 20, 23)]
+    ev = events[0]
+    assert ev.effect == 0.3 and ev.baseline_busbw_gbs == 40.0 and ev.observed_busbw_gbs == 28.0
+    assert ev.key["op"] == "AllReduce" and ev.end_ns is None
+
+
+def test_one_and_two_window_spikes_and_single_slow_windows_never_fire():
+    p = Pipeline(CFG)
+    bad = {12, 20, 21, 30, 40, 41, 50}  # 1- and 2-window spikes of -50 %
+    events = feed(p, range(80), two_ranks(lambda t: 20.0 if t in bad else 40.0))
+    assert events == []
+
+
+def test_resolves_after_recover_windows_with_the_same_id_and_end_at_recovery():
+    p = Pipeline(CFG)
+    events = feed(p, range(60), two_ranks(lambda t: 28.0 if 20 <= t < 35 else 40.0))
+    firing, resolved = events
+    assert resolved.state == "resolved" and resolved.id == firing.id
+    assert s(resolved.end_ns) == 35 and s(resolved.detected_ns) == 38
+    assert resolved.effect == firing.effect == 0.3
+
+
+def test_hysteresis_keeps_a_firing_anomaly_open_between_the_two_thresholds():
+    p = Pipeline(CFG)
+    # 30 % loss, then 7 % (under the 10 % threshold but over the 5 % recovery one)
+    events = feed(p, range(60), two_ranks(lambda t: 28.0 if 20 <= t < 25 else
+                                          (37.2 if t >= 25 else 40.0)))
+    assert [e.state for e in events] == ["firing"]
+
+
+def test_baseline_does_not_learn_a_long_degradation_as_normal():
+    p = Pipeline(CFG)
+    events = feed(p, range(400), two_ranks(lambda t: 28.0 if 20 <= t < 380 else 40.0))
+    assert [(e.state, s(e.start_ns), s(e.end_ns)) for e in events] == [
+        ("firing", 20, None), ("resolved", 20, 380)]
+    assert p._jobs["j"].keys[(NET, "AllReduce", "64MiB", "net")].baseline.baseline == 40.0
+
+
+def test_busbw_is_the_median_over_ranks_so_one_rank_cannot_fire_a_key():
+    p = Pipeline(CFG)
+    events = feed(p, range(50), lambda t: [
+        win(t, r, 20.0 if (r == 3 and t >= 20) else 40.0, nranks=4, exec_ns=1_000_000)
+        for r in range(4)])
+    assert events == []
+
+
+def job_keys(t, net_bw, nv_bw, net2_bw=40.0):
+    out = [win(t, r, net_bw, comm=NET) for r in (0, 1)]
+    out += [win(t, r, net2_bw, comm=NET2, op="AllGather", bucket="16MiB") for r in (0, 1)]
+    out += [win(t, r, nv_bw, comm=NV, op="ReduceScatter", transport="nvlink", host="n0")
+            for r in (0, 1)]
+    return out
+
+
+def test_network_keys_degrading_while_nvlink_holds_is_one_network_path_anomaly():
+    p = Pipeline(CFG)
+    events = feed(p, range(40), lambda t: job_keys(t, 28.0 if t >= 20 else 40.0, 100.0,
+                                                 30.0 if t >= 20 else 40.0))
+    assert len(events) == 1
+    ev = events[0]
+    assert (ev.type, ev.attribution, ev.host) == ("network_path", "network", None)
+    assert ev.evidence["nvlink_keys_holding"] == 1
+    late = p.open_anomalies()[0]
+    assert late.evidence["keys_affected"] == 2  # the second network key joined, no new event
+    assert late.key["comm"] is None and late.key["transport"] == "net"
+
+
+def test_nvlink_key_degrading_is_intra_node_on_its_host():
+    p = Pipeline(CFG)
+    events = feed(p, range(40), lambda t: job_keys(t, 40.0, 70.0 if t >= 20 else 100.0))
+    assert [(e.type, e.attribution, e.host) for e in events] == [
+        ("intra_node", "intra_node", "n0")]
+
+
+def test_one_network_key_degrading_while_other_network_keys_hold_is_collective_degraded():
+    p = Pipeline(CFG)
+    events = feed(p, range(40), lambda t: [
+        w for w in job_keys(t, 28.0 if t >= 20 else 40.0, 100.0) if w.transport != "nvlink"])
+    assert [(e.type, e.attribution) for e in events] == [("collective_degraded", "unknown")]
+    assert events[0].key == {"comm": NET, "comm_name": "", "op": "AllReduce",
+                             "size_bucket": "64MiB", "transport": "net"}
+
+
+def test_the_rank_with_the_shortest_exec_is_the_straggler():
+    p = Pipeline(CFG)
+
+    def make(t):
+        late = t >= 20
+        # rank 2 arrives late: the others wait 40 % longer, rank 2's kernel is short
+        return [win(t, r, 40.0 / (1.4 if late and r != 2 else 1.0), comm=NET, nranks=4,
+                    exec_ns=int((1.0 if r == 2 or not late else 1.4) * 1e6),
+                    host="nA" if r < 2 else "nB") for r in range(4)]
+
+    events = feed(p, range(40), make)
+    assert [(e.type, e.attribution, e.rank, e.host) for e in events] == [
+        ("straggler", "straggler", 2, "nB")]
+    assert events[0].evidence["rank_scores"][0][0] == 2
+
+
+def test_ranks_with_other_op_instances_are_left_out_of_the_straggler_score():
+    p = Pipeline(CFG)
+
+    def make(t):
+        # rank 3's window covers other seqs (misaligned): its short time must not count
+        return [win(t, r, 40.0, nranks=4, exec_ns=500_000 if r == 3 else 1_000_000,
+                    seq=10 * t + (100 if r == 3 else 0)) for r in range(4)]
+
+    feed(p, range(30), make)
+    scorer = p._jobs["j"].keys[(NET, "AllReduce", "64MiB", "net")].straggler
+    assert 3 not in scorer.rank_scores()
+
+
+def tp(t, tflops, job="j"):
+    return ThroughputRecord(job=job, host="h0", rank=-1, ts_ns=(T0 + t) * S + S // 2, step=t,
+                            tflops_per_gpu=tflops, tokens_per_s=None, source="fixture")
+
+
+def test_throughput_loss_during_a_comm_anomaly_makes_it_critical():
+    p = Pipeline(CFG)
+    events = feed(p, range(60), lambda t: [*two_ranks(
+        lambda t: 28.0 if 20 <= t < 40 else 40.0)(t), tp(t, 268.0 if 20 <= t < 40 else 310.0)])
+    firing = [e for e in events if e.state == "firing"]
+    assert {e.type for e in events} == {"network_path"}
+    assert firing[-1].severity == "critical"
+    resolved = events[-1]
+    assert resolved.state == "resolved" and resolved.severity == "critical"
+    assert abs(resolved.throughput_delta - (268 / 310 - 1)) < 0.01
+
+
+def test_small_throughput_loss_keeps_a_comm_anomaly_at_warning():
+    p = Pipeline(CFG)
+    events = feed(p, range(40), lambda t: [*two_ranks(
+        lambda t: 28.0 if t >= 20 else 40.0)(t), tp(t, 305.0 if t >= 20 else 310.0)])
+    assert [(e.type, e.severity) for e in events] == [("network_path", "warning")]
+    assert -0.03 < events[0].throughput_delta < 0
+
+
+def test_throughput_drop_with_healthy_nccl_is_reported_as_not_nccl():
+    p = Pipeline(CFG)
+    events = feed(p, range(60), lambda t: [*two_ranks(lambda t: 40.0)(t),
+                                           tp(t, 250.0 if 20 <= t < 40 else 310.0)])
+    assert [(e.type, e.attribution, e.state) for e in events] == [
+        ("throughput_drop", "unknown", "firing"), ("throughput_drop", "unknown", "resolved")]
+    assert events[0].severity == "warning" and events[0].baseline_busbw_gbs is None
+    assert abs(events[0].throughput_delta - (250 / 310 - 1)) < 0.01
+
+
+def test_silent_host_is_telemetry_loss_after_the_timeout_and_resolves_when_back():
+    p = Pipeline(DetectorConfig(warmup_windows=5, telemetry_timeout_s=5))
+    events = feed(p, range(60), lambda t: [
+        win(t, r, 40.0, nranks=4, exec_ns=1_000_000) for r in range(4)
+        if not (r == 3 and 20 <= t < 40)])
+    assert [(e.type, e.state, e.host, e.rank, e.severity) for e in events] == [
+        ("telemetry_loss", "firing", "h3", 3, "warning"),
+        ("telemetry_loss", "resolved", "h3", 3, "warning")]
+    firing, resolved = events
+    assert s(firing.start_ns) == 20 and 25 <= s(firing.detected_ns) <= 27
+    assert s(resolved.end_ns) == 40
+
+
+def test_drop_records_are_telemetry_loss_at_info():
+    p = Pipeline(DetectorConfig(warmup_windows=5, telemetry_timeout_s=5))
+
+    def make(t):
+        recs = two_ranks(lambda t: 40.0)(t)
+        if t == 20:
+            recs.append(DropRecord(job="j", host="h1", pid=7, gpu="g", rank=1,
+                                   ts_ns=(T0 + t) * S, reason="ring_full", count=12, total=12))
+        return recs
+
+    events = feed(p, range(40), make)
+    assert [(e.type, e.state, e.host, e.severity) for e in events] == [
+        ("telemetry_loss", "firing", "h1", "info"), ("telemetry_loss", "resolved", "h1", "info")]
+    assert events[0].evidence["drops"]["count"] == 12
+
+
+def test_growing_plugin_stats_drop_counters_count_as_drops():
+    p = Pipeline(DetectorConfig(warmup_windows=5, telemetry_timeout_s=5))
+
+    def make(t):
+        recs = two_ranks(lambda t: 40.0)(t)
+        if t in (10, 20):
+            recs.append(PluginStats(job="j", host="h0", pid=7, gpu="g", ts_ns=(T0 + t) * S,
+                                    recorded=100 * t, dropped={"pool_full": 0 if t == 10 else 5},
+                                    segment=t))
+        return recs
+
+    events = feed(p, range(30), make)
+    assert [(e.type, e.state, e.host, e.severity) for e in events] == [
+        ("telemetry_loss", "firing", "h0", "info"), ("telemetry_loss", "resolved", "h0", "info")]
+    assert events[0].evidence["drops"]["reasons"] == {"plugin_stats": 5}
+
+
+def test_a_job_that_goes_silent_has_its_anomalies_resolved_on_advance():
+    p = Pipeline(CFG)
+    events = feed(p, range(30), two_ranks(lambda t: 28.0 if t >= 20 else 40.0))
+    assert [e.state for e in events] == ["firing"]
+    assert p.advance((T0 + 35) * S) == []  # within the telemetry timeout
+    (resolved,) = p.advance((T0 + 45) * S)
+    assert resolved.state == "resolved" and resolved.evidence["resolved_because"] == "job_silent"
+    assert s(resolved.end_ns) == 30
+    p.job_evict_s = 100
+    p.advance((T0 + 200) * S)
+    assert p.jobs() == []
+
+
+def test_windows_for_an_already_closed_group_are_late_and_ignored():
+    p = Pipeline(CFG)
+    feed(p, range(10), two_ranks(lambda t: 40.0))
+    assert p.process(win(3, 0, 1.0)) == []
+    assert p.late_windows == 1
+
+
+def test_an_incomplete_rank_group_closes_after_the_lateness_and_still_detects():
+    p = Pipeline(CFG)
+    # rank 1 of a 3-rank comm never reports key windows: groups close by lateness
+    events = feed(p, range(40), lambda t: [
+        win(t, r, 28.0 if t >= 20 else 40.0, nranks=3, exec_ns=1_000_000) for r in (0, 2)])
+    assert [(e.type, s(e.start_ns)) for e in events] == [("network_path", 20)]
+    assert s(events[0].detected_ns) <= 26
+
+
+def test_a_cold_start_model_detects_a_loss_present_from_the_first_windows():
+    model = BusbwModel({("net", "AllReduce"): ModelEntry(alpha_ns=0.0, beta_gbs=40.0,
+                                                         buckets={"64MiB": 40.0})})
+    events = feed(Pipeline(CFG, model=model), range(20), two_ranks(lambda t: 28.0))
+    assert [(e.type, s(e.start_ns)) for e in events] == [("network_path", 0)]
+    assert feed(Pipeline(CFG), range(20), two_ranks(lambda t: 28.0)) == []
+
+
+def test_event_times_are_stream_times_whatever_the_wall_clock_says():
+    p = Pipeline(CFG, clock=lambda: 0.0)
+    events = feed(p, range(30), two_ranks(lambda t: 28.0 if t >= 20 else 40.0))
+    assert s(events[0].detected_ns) == 23
+    assert p.lag_s() == -(T0 + 30)
+
+
+def test_op_records_and_single_rank_keys_are_accepted_and_ignored():
+    p = Pipeline(CFG)
+    op = OpRecord(id="0" * 16, job="j", host="h", pid=1, gpu="g", comm=NET, comm_name="",
+                  rank=0, nranks=2, nnodes=2, local_ranks=1, transport="net", op="AllReduce",
+                  seq=1, count=1, dtype="ncclFloat32", bytes=4, peer=-1, algo="RING",
+                  proto="LL", channels=1, start_ns=T0 * S, exec_ns=10, timing="kernel_gpu",
+                  algbw_gbs=0.4, busbw_gbs=0.4, graph=False)
+    assert p.process(op) == []
+    events = feed(p, range(30), lambda t: [win(t, 0, 1.0 if t > 20 else 40.0, nranks=1,
+                                                transport="single")])
+    assert events == [] and p.key_count() == 0
+    assert p.records_total == {"op": 1, "window": 30}
