@@ -25,10 +25,11 @@ import sys
 import tempfile
 import time
 
-from ncclwatch import config, testing
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.synth import write_spool
+
+from ncclwatch import config, testing
 
 CONFIGS = [
     # (ops_per_message, compression, batch_size)
@@ -137,7 +138,10 @@ def write_report(path: str, rows, records: int, size: int, repeats: int) -> None
             f"segments), {repeats} repeats per row.")
     marker_start, marker_end = "<!-- bench:start -->", "<!-- bench:end -->"
     block = f"{marker_start}\n{meta}\n\n{table}\n{marker_end}"
-    text = open(path).read() if os.path.exists(path) else ""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
     if marker_start in text:
         head, rest = text.split(marker_start, 1)
         text = head + block + rest.split(marker_end, 1)[1]
