@@ -12,10 +12,11 @@ puts the pretend layer's communicators on NCCL's network transport.
 
 One step, for every layer of processes (host layer first, then pretend layer):
 
-* for each model layer: AllGather of a parameter shard (``fsdp``), ``--matmuls-per-layer``
-  bf16 products of ``tokens × hidden × hidden``, AllReduce of activations (``tp``),
-  ReduceScatter of gradients (``fsdp``); then one AllReduce of a gradient bucket
-  (``dp``) when the process has such a communicator;
+* for each model layer ``--matmuls-per-layer`` bf16 products of ``tokens × hidden ×
+  hidden`` in three parts, between them an AllGather of a parameter shard (``fsdp``)
+  and an AllReduce of activations (``tp``), after them a ReduceScatter of gradients
+  (``fsdp``); then one AllReduce of a gradient bucket (``dp``) when the process has such
+  a communicator;
 * ``torch.cuda.synchronize()`` and a barrier over the world's gloo group.
 
 The layers run one after the other (``--phases serial``, the default) because on one
@@ -158,17 +159,23 @@ class Job:
         """One step's share of this process: compute and collectives, then wait for both."""
         dist, b = self.dist, self.bufs
         fsdp, tp, dp = (self.role.get(r) for r in ("fsdp", "tp", "dp"))
-        half = self.args.matmuls_per_layer // 2
+        n = self.args.matmuls_per_layer
+        first, second = n // 3, n - n // 3 - n // 3
         for _ in range(self.args.layers):
+            # Compute first: the GPU is idle after the phase barrier, so a collective issued
+            # right away starts when each *host* gets there, and its kernel time measures the
+            # ranks' host skew (bimodal 90/180 µs for a 32 MiB NVLink AllGather in the
+            # recordings of b4bd64a), not the link. Behind matmuls the GPU paces its start.
+            self._matmuls(first)
             if fsdp:
                 dist.all_gather_into_tensor(b["ag_out"], b["ag_in"], group=self.groups[fsdp.name])
-            self._matmuls(half)
+            self._matmuls(second)
             # A straggler's extra work lands before the next collective, so its peers wait
             # inside NCCL for it, as behind a slow GPU in real training.
             self._matmuls(extra_matmuls)
             if tp:
                 dist.all_reduce(b["ar"], group=self.groups[tp.name])
-            self._matmuls(self.args.matmuls_per_layer - half)
+            self._matmuls(n - first - second)
             if fsdp:
                 dist.reduce_scatter_tensor(b["rs_out"], b["rs_in"], group=self.groups[fsdp.name])
         if dp:
