@@ -95,7 +95,7 @@ class IngestConfig:
     window_s: float = 1.0
     batch_size: int = 2000
     linger_ms: int = 20
-    compression: str = "gzip"  # none, gzip, lz4, zstd, snappy (what kafka-python can do here)
+    compression: str = "lz4"  # none, gzip, lz4 (lz4 costs ~0.25 us/record, gzip-9 ~13 us)
     buffer_max_bytes: int = 256 * 1024 * 1024
     inspector_dirs: str = ""  # comma-separated NCCL Inspector output dirs to tail
     training_log: str = ""  # a training log to parse throughput from

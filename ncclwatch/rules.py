@@ -170,11 +170,14 @@ def size_bucket_bytes(label: str) -> int:
 def inspector_size_label(nbytes: int) -> str:
     """NCCL Inspector's ``message_size`` label: ``"<n>-<n+1><unit>"``.
 
-    Divide by 1024 while the value is at least 1024, then floor.
+    Divide by 1024 while the value is at least 1024, then floor. Inspector writes a
+    zero-byte op as plain ``"0B"``.
 
     >>> [inspector_size_label(n) for n in (0, 1023, 1024, 1536, 8 << 20)]
-    ['0-1B', '1023-1024B', '1-2KB', '1-2KB', '8-9MB']
+    ['0B', '1023-1024B', '1-2KB', '1-2KB', '8-9MB']
     """
+    if nbytes == 0:
+        return "0B"
     value = float(nbytes)
     unit = 0
     while value >= 1024 and unit < len(_INSPECTOR_UNITS) - 1:

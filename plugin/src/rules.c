@@ -128,6 +128,10 @@ void nw_size_bucket(uint64_t nbytes, char* out, size_t out_len) {
 
 void nw_inspector_size_label(uint64_t nbytes, char* out, size_t out_len) {
   static const char* const units[] = {"B", "KB", "MB", "GB", "TB"};
+  if (nbytes == 0) { /* Inspector labels empty ops "0B", not "0-1B" */
+    snprintf(out, out_len, "0B");
+    return;
+  }
   double value = (double)nbytes;
   int unit = 0;
   while (value >= 1024 && unit < 4) {
