@@ -495,7 +495,7 @@ def suite() -> list[Scenario]:
           (F("compute", 60, 100, 0.15), F("compute", 130, 160, 0.03)), seed=20,
           description="compute slows 15 % (and 3 %) with NCCL healthy: throughput_drop"),
         S("throughput_with_comm_2x8", 2, 8, 140, (F("network", 50, 100, 0.40),), seed=21,
-          description="network loses 40 %, job loses ~11 % TFLOP/s: critical"),
+          description="network loses 40 %, job loses ~17 % TFLOP/s: critical"),
         S("telemetry_silence_2x2", 2, 2, 150, (F("silence", 60, 90, node=1),), seed=22,
           description="node1's forwarder goes silent for 30 s"),
         S("telemetry_drops_2x2", 2, 2, 120, (F("drops", 60, 70, node=0),), seed=23,

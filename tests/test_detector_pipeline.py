@@ -302,3 +302,60 @@ def test_op_records_and_single_rank_keys_are_accepted_and_ignored():
                                                 transport="single")])
     assert events == [] and p.key_count() == 0
     assert p.records_total == {"op": 1, "window": 30}
+
+
+def test_a_slow_ramp_is_measured_against_where_it_started():
+    # 0 -> 30 % over 120 s: each window is within noise of the one before
+    ramp = lambda t: 40.0 * (1 - 0.3 * min(max(t - 30, 0) / 120, 1.0))  # noqa: E731
+    crossing = 30 + 120 * 0.10 / 0.30  # the loss reaches 10 % of the pre-ramp level
+    p = Pipeline(CFG)
+    events = feed(p, range(200), two_ranks(ramp))
+    assert [e.type for e in events][:1] == ["network_path"]
+    assert s(events[0].detected_ns) <= crossing + 8
+    # without Page-Hinkley's freeze the baseline follows the ramp for longer
+    follower = Pipeline(CFG)
+    follower.drift_freeze_windows = 0
+    late = feed(follower, range(200), two_ranks(ramp))
+    assert not late or s(late[0].detected_ns) >= s(events[0].detected_ns) + 4
+
+
+def test_jitter_on_a_noisy_key_is_not_a_degradation():
+    import random
+
+    rng = random.Random(4)
+    p = Pipeline(CFG)
+    events = feed(p, range(600), two_ranks(lambda t: 40.0 * rng.lognormvariate(0, 0.08)))
+    assert events == []
+
+
+def test_a_lagging_forwarders_ranks_are_waited_for_not_dropped():
+    p = Pipeline(CFG)
+
+    def window(t, r):
+        late = r >= 2  # ranks 2, 3 on a node whose forwarder lags 4 windows
+        return win(t, r, 40.0 / (1.4 if t >= 40 and r != 3 else 1.0), nranks=4,
+                   exec_ns=int((1.0 if r == 3 or t < 40 else 1.4) * 1e6),
+                   host="slow" if late else "fast")
+
+    events = []
+    for t in range(80):
+        for r in (0, 1):
+            events += p.process(window(t, r))
+        if t >= 4:
+            for r in (2, 3):
+                events += p.process(window(t - 4, r))
+    late_after_warmup = p.late_windows
+    assert late_after_warmup <= 12  # only until the lateness has grown
+    assert [(e.type, e.rank, e.host) for e in events] == [("straggler", 3, "slow")]
+
+
+def test_throughput_drop_is_not_reported_when_comm_windows_arriving_later_explain_it():
+    p = Pipeline(CFG)
+    events = []
+    for t in range(60):
+        # throughput is published at once, windows two seconds after they end
+        events += p.process(tp(t, 268.0 if t >= 30 else 310.0))
+        if t >= 2:
+            events += feed(p, [t - 2], two_ranks(lambda u: 28.0 if u >= 30 else 40.0))
+    assert [e.type for e in events] == ["network_path"]
+    assert events[-1].severity == "critical"
