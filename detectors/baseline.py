@@ -56,27 +56,39 @@ class EWMeanVar(base.Base):
         self._reset()
 
     def _reset(self) -> None:
-        self.n = 0
-        self.mean = 0.0
-        self.var = 0.0
+        self._n = 0
+        self._mean = 0.0
+        self._var = 0.0
+
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @property
+    def mean(self) -> float:
+        return self._mean
+
+    @property
+    def var(self) -> float:
+        return self._var
 
     def update(self, x: float, weight: float | None = None) -> None:
         """Learn ``x``; ``weight`` overrides the fading factor for this update."""
-        if self.n == 0:
-            self.mean = x
+        if self._n == 0:
+            self._mean = x
         else:
-            diff = x - self.mean
+            diff = x - self._mean
             a = self.fading_factor if weight is None else weight
             incr = a * diff
-            self.mean += incr
-            self.var = (1.0 - a) * (self.var + diff * incr)
-        self.n += 1
+            self._mean += incr
+            self._var = (1.0 - a) * (self._var + diff * incr)
+        self._n += 1
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self.n, "mean": self.mean, "var": self.var}
+        return {"n": self._n, "mean": self._mean, "var": self._var}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.n, self.mean, self.var = state["n"], state["mean"], state["var"]
+        self._n, self._mean, self._var = state["n"], state["mean"], state["var"]
 
 
 class RatioBaseline(base.Base):

@@ -316,9 +316,10 @@ class Pipeline:
         evict_ns = int(self.job_evict_s * 1e9)
         for name in list(self._jobs):
             job = self._jobs[name]
-            if job.watermark < 0:
+            last = max(job.watermark, job.throughput.ts_ns)
+            if last <= 0:
                 continue
-            idle = now_ns - job.watermark
+            idle = now_ns - last
             if idle > self._timeout_ns and not job.silent:
                 self._close_all(job, out)
                 self._job_silent(job, out)
@@ -727,7 +728,7 @@ class Pipeline:
         job.tp_suppressed = False
         for inc in list(job.incidents.values()):
             if inc.end_ns is None:
-                inc.end_ns = job.watermark
+                inc.end_ns = max(job.watermark, job.throughput.ts_ns)
             self._resolve(job, inc, out, reason="job_silent")
 
     # --- throughput ---------------------------------------------------------------
@@ -738,6 +739,8 @@ class Pipeline:
             job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
         if rec.ts_ns > self.last_end_ns:
             self.last_end_ns = rec.ts_ns
+        if job.silent and rec.ts_ns > job.watermark:
+            job.silent = False
         for ts, value in job.throughput.add(rec):
             self._step(job, ts, value, out)
 

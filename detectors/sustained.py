@@ -71,75 +71,94 @@ class SustainedRule(base.Base):
         self._reset()
 
     def _reset(self) -> None:
-        self.firing = False
-        self.streak = 0  # consecutive degraded windows (not firing) / healthy (firing)
+        self._firing = False
+        self._streak = 0  # consecutive degraded windows (not firing) / healthy (firing)
         self._streak_start: int | None = None
-        self.start_ns: int | None = None
-        self.end_ns: int | None = None
+        self._start_ns: int | None = None
+        self._end_ns: int | None = None
+
+    @property
+    def firing(self) -> bool:
+        return self._firing
+
+    @property
+    def streak(self) -> int:
+        """Consecutive degraded windows (while not firing) or healthy ones (while firing)."""
+        return self._streak
+
+    @property
+    def start_ns(self) -> int | None:
+        """Start of the first degraded window of the streak that fired."""
+        return self._start_ns
+
+    @property
+    def end_ns(self) -> int | None:
+        """Start of the first window of the recovery streak that resolved."""
+        return self._end_ns
 
     def score_one(self, effect: float, degraded: bool | None = None) -> float:
         """Progress towards the next transition if ``effect`` were the next window.
 
         1.0 or more means the window would fire (or resolve); it changes nothing.
         """
-        if not self.firing:
+        if not self._firing:
             bad = effect >= self.threshold if degraded is None else degraded
-            return (self.streak + 1) / self.sustain if bad else 0.0
+            return (self._streak + 1) / self.sustain if bad else 0.0
         if effect < self.recover_threshold:
-            return (self.streak + 1) / self.recover
+            return (self._streak + 1) / self.recover
         return 0.0
 
     def update(self, effect: float, start_ns: int, degraded: bool | None = None) -> str | None:
         """Account one window; ``degraded`` overrides ``effect >= threshold`` if given."""
-        if not self.firing:
+        if not self._firing:
             bad = effect >= self.threshold if degraded is None else degraded
             if not bad:
-                self.streak = 0
+                self._streak = 0
                 return None
-            if self.streak == 0:
+            if self._streak == 0:
                 self._streak_start = start_ns
-            self.streak += 1
-            if self.streak < self.sustain:
+            self._streak += 1
+            if self._streak < self.sustain:
                 return None
-            self.firing = True
-            self.start_ns = self._streak_start
-            self.end_ns = None
-            self.streak = 0
+            self._firing = True
+            self._start_ns = self._streak_start
+            self._end_ns = None
+            self._streak = 0
             return FIRE
         if effect >= self.recover_threshold:
-            self.streak = 0
+            self._streak = 0
             return None
-        if self.streak == 0:
+        if self._streak == 0:
             self._streak_start = start_ns
-        self.streak += 1
-        if self.streak < self.recover:
+        self._streak += 1
+        if self._streak < self.recover:
             return None
-        self.firing = False
-        self.end_ns = self._streak_start
-        self.streak = 0
+        self._firing = False
+        self._end_ns = self._streak_start
+        self._streak = 0
         return RESOLVE
 
     def force_resolve(self, end_ns: int) -> None:
         """End a firing anomaly without recovery windows (the key went silent)."""
-        self.firing = False
-        self.end_ns = end_ns
-        self.streak = 0
+        self._firing = False
+        self._end_ns = end_ns
+        self._streak = 0
 
     def to_state(self) -> dict[str, Any]:
         return {
-            "firing": self.firing,
-            "streak": self.streak,
+            "firing": self._firing,
+            "streak": self._streak,
             "streak_start": self._streak_start,
-            "start": self.start_ns,
-            "end": self.end_ns,
+            "start": self._start_ns,
+            "end": self._end_ns,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], **params: Any) -> SustainedRule:
         obj = cls(**params)
-        obj.firing = state["firing"]
-        obj.streak = state["streak"]
+        obj._firing = state["firing"]
+        obj._streak = state["streak"]
         obj._streak_start = state["streak_start"]
-        obj.start_ns = state["start"]
-        obj.end_ns = state["end"]
+        obj._start_ns = state["start"]
+        obj._end_ns = state["end"]
         return obj

@@ -359,3 +359,14 @@ def test_throughput_drop_is_not_reported_when_comm_windows_arriving_later_explai
             events += feed(p, [t - 2], two_ranks(lambda u: 28.0 if u >= 30 else 40.0))
     assert [e.type for e in events] == ["network_path"]
     assert events[-1].severity == "critical"
+
+
+def test_a_job_with_only_throughput_records_is_also_forgotten_when_silent():
+    p = Pipeline(CFG)
+    events = feed(p, range(60), lambda t: [tp(t, 250.0 if t >= 30 else 310.0)])
+    assert [(e.type, e.state) for e in events] == [("throughput_drop", "firing")]
+    (resolved,) = p.advance((T0 + 80) * S)
+    assert resolved.evidence["resolved_because"] == "job_silent"
+    p.job_evict_s = 30
+    p.advance((T0 + 100) * S)
+    assert p.jobs() == []
