@@ -619,8 +619,13 @@ class Pipeline:
         self._emit(inc.event("resolved", max(job.watermark, inc.end_ns)), out)
 
     def _set_throughput(self, job: JobState, inc: Incident) -> bool:
-        """Refresh a comm incident's throughput delta; True if its severity rose."""
-        d = job.throughput.delta(inc.start_ns, None)
+        """Refresh a comm incident's throughput delta; True if its severity rose.
+
+        Only steps up to the job's window stream time count: throughput records reach
+        the detector sooner than windows, by an amount that depends on the driver, and
+        the verdict must not (watch, the worker and replay give the same events).
+        """
+        d = job.throughput.delta(inc.start_ns, job.watermark)
         inc.throughput_delta = d
         if d is not None and d <= -self.cfg.throughput_drop and inc.severity != "critical":
             inc.severity = "critical"
@@ -646,6 +651,9 @@ class Pipeline:
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
         self._decide_throughput_drop(job, out)
+        for inc in list(job.incidents.values()):
+            if inc.type in COMM_TYPES and self._set_throughput(job, inc):
+                self._emit(inc.event("firing", job.watermark), out)
 
     def _close_all(self, job: JobState, out: list) -> None:
         for ks in list(job.pending_keys.values()):
@@ -789,7 +797,7 @@ class Pipeline:
         self._decide_throughput_drop(job, out)
         for inc in list(job.incidents.values()):
             if inc.type in COMM_TYPES and self._set_throughput(job, inc):
-                self._emit(inc.event("firing", max(job.watermark, ts)), out)
+                self._emit(inc.event("firing", job.watermark), out)
 
     def _decide_throughput_drop(self, job: JobState, out: list) -> None:
         """Report a sustained throughput drop once the windows of its time are in.
@@ -826,11 +834,12 @@ class Pipeline:
         cfg = self.cfg
         base = tp.baseline.baseline
         inc = self._open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
-        observed, n = tp.mean(start, None)
+        # The steps that made the drop, whatever arrived since: same numbers in any driver.
+        observed, n = tp.mean(start, tp.fire_ts)
         effect = 1.0 - observed / base if observed is not None and base else 0.0
         inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
         inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
-        inc.throughput_delta = tp.delta(start, None)
+        inc.throughput_delta = tp.delta(start, tp.fire_ts)
         inc.evidence.update(
             {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
              "after_comm_anomaly": job.tp_suppressed}
