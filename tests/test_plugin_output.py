@@ -36,8 +36,16 @@ STRESS_EVENTS = 100_000
 THREAD_OPS = 500
 
 INSPECTOR_COLL_LABELS = {
-    "version", "slurm_job_id", "node", "gpu", "comm_name", "n_nodes", "nranks",
-    "collective", "message_size", "algo_proto",
+    "version",
+    "slurm_job_id",
+    "node",
+    "gpu",
+    "comm_name",
+    "n_nodes",
+    "nranks",
+    "collective",
+    "message_size",
+    "algo_proto",
 }
 INSPECTOR_P2P_LABELS = INSPECTOR_COLL_LABELS - {"collective", "algo_proto"} | {"p2p_operation"}
 
@@ -50,7 +58,10 @@ def driver_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "NW_TEST_CUDA_DIR": str(BUILD / "cuda"), "NW_TEST_THREAD_OPS": str(THREAD_OPS)}
     run = subprocess.run(
         [str(BUILD / "driver"), str(BUILD / "libncclwatch-profiler.so"), str(out), str(STRESS_EVENTS)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     return out
@@ -82,9 +93,7 @@ def check_spool_lines(paths: list[Path]) -> Counter:
         for n, raw in enumerate(_lines(path)):
             where = f"{path.name}:{n + 1}"
             rec = records.parse_line(raw, source=str(path))
-            assert isinstance(rec, records.OpRecord | records.DropRecord | records.PluginStats), (
-                f"{where}: {rec}"
-            )
+            assert isinstance(rec, records.OpRecord | records.DropRecord | records.PluginStats), f"{where}: {rec}"
             obj = json.loads(raw)
             schemas[obj["kind"]].validate(obj)
             kinds[obj["kind"]] += 1
@@ -115,6 +124,26 @@ def test_every_line_the_plugin_writes_is_a_valid_contract_record(driver_out: Pat
     kinds = check_spool_lines(paths)
     # The driver's scenarios produce ops, drops of several reasons and stats.
     assert kinds["op"] > 4 * THREAD_OPS and kinds["drop"] >= 5 and kinds["plugin_stats"] >= 13
+
+
+def test_the_recorded_gpu_spool_is_valid_and_complete() -> None:
+    """The spool recorded on 2xH200 (tests/fixtures/plugin_spool/README.md) obeys the contract."""
+    paths = _segments(FIXTURE)
+    assert len(paths) == 2, paths
+    kinds = check_spool_lines(paths)
+    assert kinds["op"] == 528 and kinds["drop"] == 0
+    lines = [json.loads(x) for p in paths for x in _lines(p)]
+    for pid in {x["pid"] for x in lines}:
+        mine = [x for x in lines if x["pid"] == pid]
+        stats = [x for x in mine if x["kind"] == "plugin_stats"]
+        assert stats[-1]["recorded"] == sum(x["kind"] == "op" for x in mine) == 264
+        assert set(stats[-1]["dropped"].values()) == {0}
+        assert {x["gpu"] for x in mine} == {mine[0]["gpu"]} and mine[0]["gpu"].startswith("GPU-")
+    ops = [x for x in lines if x["kind"] == "op"]
+    gpu_timed = [x for x in ops if x["timing"] == "kernel_gpu"]
+    # Everything but the AllToAll communicator's Send/Recv is GPU-timed, with nonzero time.
+    assert len(gpu_timed) == 528 - 192 and all(x["exec_ns"] > 0 for x in gpu_timed)
+    assert {x["op"] for x in ops} == {"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "Send", "Recv"}
 
 
 def test_user_strings_survive_escaping_and_name_files_safely(driver_out: Path) -> None:
@@ -159,12 +188,24 @@ def test_inspector_json_has_inspectors_fields(driver_out: Path) -> None:
     for o in objs:
         assert set(o["header"]) == {"id", "comm_name", "rank", "n_ranks", "nnodes"}
         assert set(o["metadata"]) == {
-            "inspector_output_format_version", "git_rev", "rec_mechanism", "dump_timestamp_us", "hostname", "pid",
+            "inspector_output_format_version",
+            "git_rev",
+            "rec_mechanism",
+            "dump_timestamp_us",
+            "hostname",
+            "pid",
         }
         (perf,) = {"coll_perf", "p2p_perf"} & set(o)
         p = perf.split("_")[0]
-        want = {p, f"{p}_sn", f"{p}_msg_size_bytes", f"{p}_exec_time_us", f"{p}_timing_source",
-                f"{p}_algobw_gbs", f"{p}_busbw_gbs"} | ({"p2p_peer"} if p == "p2p" else set())
+        want = {
+            p,
+            f"{p}_sn",
+            f"{p}_msg_size_bytes",
+            f"{p}_exec_time_us",
+            f"{p}_timing_source",
+            f"{p}_algobw_gbs",
+            f"{p}_busbw_gbs",
+        } | ({"p2p_peer"} if p == "p2p" else set())
         assert set(o[perf]) == want
 
 

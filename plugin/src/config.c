@@ -77,7 +77,8 @@ void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn) {
   cfg->flush_ms = (uint32_t)nw_env_u64("NCCLWATCH_FLUSH_MS", 200, 1, 60000, logfn);
   cfg->op_timeout_ms =
       (uint32_t)nw_env_u64("NCCLWATCH_OP_TIMEOUT_MS", 30000, 1, 24ULL * 3600 * 1000, logfn);
-  cfg->timing_sample = (uint32_t)nw_env_u64("NCCLWATCH_TIMING_SAMPLE", 1, 1, 1 << 20, logfn);
+  /* Only 1 (every op GPU-timed) is supported, see nw_api_start in plugin.c. */
+  cfg->timing_sample = (uint32_t)nw_env_u64("NCCLWATCH_TIMING_SAMPLE", 1, 1, 1, logfn);
   cfg->require_gpu_timing = nw_env_bool("NCCLWATCH_REQUIRE_GPU_TIMING", false, logfn);
   cfg->proxy_events = nw_env_bool("NCCLWATCH_PROXY_EVENTS", false, logfn);
   nw_env_path("NCCLWATCH_INSPECTOR_JSON_DIR", "", cfg->inspector_json_dir,
@@ -86,6 +87,7 @@ void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn) {
               sizeof cfg->inspector_prom_dir, logfn);
   cfg->inspector_prom_interval_ms = (uint32_t)nw_env_u64(
       "NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS", 30000, 10, 24ULL * 3600 * 1000, logfn);
+  cfg->debug = nw_env_bool("NCCLWATCH_DEBUG", false, logfn);
   cfg->test_writer_delay_us =
       (uint32_t)nw_env_u64("NCCLWATCH_TEST_WRITER_DELAY_US", 0, 0, 1000000, logfn);
 }

@@ -17,12 +17,13 @@ struct nw_config {
   uint32_t max_threads;         /* NCCLWATCH_MAX_THREADS: threads that may report events */
   uint32_t flush_ms;            /* NCCLWATCH_FLUSH_MS: writer wake-up period */
   uint32_t op_timeout_ms;       /* NCCLWATCH_OP_TIMEOUT_MS: give up waiting for KernelCh */
-  uint32_t timing_sample;       /* NCCLWATCH_TIMING_SAMPLE: GPU-time 1 group call in N */
+  uint32_t timing_sample;       /* NCCLWATCH_TIMING_SAMPLE: only 1 (every op) is supported */
   bool require_gpu_timing;      /* NCCLWATCH_REQUIRE_GPU_TIMING */
   bool proxy_events;            /* NCCLWATCH_PROXY_EVENTS */
   char inspector_json_dir[1024]; /* NCCLWATCH_INSPECTOR_JSON_DIR ("" = off) */
   char inspector_prom_dir[1024]; /* NCCLWATCH_INSPECTOR_PROM_DIR ("" = off) */
   uint32_t inspector_prom_interval_ms; /* NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS */
+  bool debug;                   /* NCCLWATCH_DEBUG: log each host-timed op's channel counts */
   uint32_t test_writer_delay_us; /* NCCLWATCH_TEST_WRITER_DELAY_US (test knob) */
 };
 

@@ -43,6 +43,10 @@ struct nw_comm {
   int gpu_ordinal;      /* CUDA device ordinal, -1 when unknown */
   uint64_t id_prefix;   /* FNV-1a state after job␟host␟pid␟comm␟rank␟ */
   char* json_fields;    /* pre-escaped "gpu":..,"comm":..,...,"transport":.. for op lines */
+  /* GPU clock calibration (pool.c): offset = host - globaltimer, the minimum over a sliding
+   * window. Here rather than in the context so the writer can convert an op's GPU start
+   * when it writes the record, with every sample taken since (records outlive contexts). */
+  _Atomic int64_t cal_cur, cal_prev, cal_window_start;
 };
 
 struct nw_op;
@@ -66,7 +70,8 @@ struct nw_op {
   _Atomic int64_t stopped_ns; /* host time of the Coll/P2p stop; 0 before */
   _Atomic uint64_t gpu_start; /* min channel start pTimer; UINT64_MAX before any */
   _Atomic uint64_t gpu_stop;  /* max channel stop pTimer; 0 before any */
-  _Atomic uint32_t kch_timed; /* channels that reported a stop pTimer */
+  _Atomic uint32_t kch_started; /* channels that reported a start */
+  _Atomic uint32_t kch_timed;   /* channels that reported a stop pTimer */
   struct nw_kch kch[NW_MAX_CHANNELS];
 };
 enum { NW_OP_FREE = 0, NW_OP_OPEN = 1 };
@@ -80,8 +85,13 @@ struct nw_ctx {
   _Atomic uint32_t cursor;
   _Atomic uint64_t* p2p_seq; /* [send/recv][peer], plus one overflow pair */
   uint32_t n_p2p_seq;
-  /* GPU clock calibration: offset = host - globaltimer, minimum over a sliding window */
-  _Atomic int64_t cal_cur, cal_prev, cal_window_start;
+  /* Launch time of the newest op that has seen a channel start: an op launched before it
+   * that has seen none long after its stop never will (see nw_op_reap). */
+  _Atomic int64_t newest_started_launch_ns;
+  /* NCCL's per-channel profiler counters of this communicator went out of step (see
+   * nw_ctx_desync): GPU timings of ops launched from this time on are not trusted. */
+  _Atomic int64_t desync_since_ns; /* INT64_MAX: never */
+  _Atomic uint64_t untrusted_ops;  /* ops recorded host-timed because of that */
 };
 
 struct nw_ring;
@@ -113,7 +123,6 @@ struct nw_global {
   pthread_key_t ring_key;
   bool ring_key_ok;
   _Atomic uint64_t dropped[NW_DROP_N];
-  _Atomic uint64_t group_calls;
   _Atomic uint64_t stale_events;
   struct nw_writer* writer;
   /* Writer counters, kept across a stop/start within one process so totals stay "since
@@ -135,10 +144,14 @@ struct nw_op* nw_op_alloc(struct nw_ctx* ctx);
 void nw_op_release(struct nw_op* op, uint32_t gen);
 /* Complete an open op now (timing "host") if its stop came more than timeout_ns ago, or
  * unconditionally when force. Returns true when this call completed it. */
+/* Stop trusting the GPU timings of this communicator's ops launched from since_ns on. */
+void nw_ctx_desync(struct nw_ctx* ctx, int64_t since_ns, const char* why);
 bool nw_op_reap(struct nw_op* op, int64_t now_ns, int64_t timeout_ns, bool force);
 size_t nw_ctx_reap(struct nw_ctx* ctx, int64_t now_ns, int64_t timeout_ns, bool force);
-void nw_cal_sample(struct nw_ctx* ctx, int64_t host_ns, uint64_t gpu_ns);
-int64_t nw_cal_offset(struct nw_ctx* ctx);
+void nw_cal_init(struct nw_comm* comm);
+void nw_cal_sample(struct nw_comm* comm, int64_t host_ns, uint64_t gpu_ns);
+/* INT64_MAX while there is no sample. */
+int64_t nw_cal_offset(const struct nw_comm* comm);
 
 /* ring.c */
 int nw_rings_start(void);

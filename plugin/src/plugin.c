@@ -41,14 +41,12 @@ void nw_count_drop(enum nw_drop_reason reason) {
   atomic_fetch_add_explicit(&nw_g.dropped[reason], 1, memory_order_relaxed);
 }
 
-/* Handles for events we track no state for. API handles say whether the op was captured
- * in a CUDA graph and whether KernelCh was on in the mask NCCL read for it; NCCL stores
- * them and hands them back as the Coll/P2p parent, even on graph replays, so they must be
- * static: a pointer compare recovers both facts without any lookup. */
+/* Handles for events we track no state for. An API handle says whether the op was
+ * captured in a CUDA graph; NCCL stores it and hands it back as the Coll/P2p parent, even on
+ * graph replays long after the API call, so it must be static: a pointer compare recovers
+ * the flag without any lookup. */
 static struct nw_hdr nw_ignored = {NW_KIND_STATIC, 0};
-static struct nw_hdr nw_api[2][2] = {/* [graph][timed] */
-                                     {{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}},
-                                     {{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}}};
+static struct nw_hdr nw_api[2] = {{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}}; /* [graph] */
 
 static void nw_copy_str(char* dst, size_t n, const char* src) {
   size_t i = 0;
@@ -65,18 +63,12 @@ static bool nw_is_rooted(const char* func) {
          !strcmp(func, "Scatter");
 }
 
-/* CollApi/P2pApi start (v5+): the op's own activation mask was read by NCCL just before
- * this callback. With NCCLWATCH_TIMING_SAMPLE=N > 1 this is also where the KernelCh bit
- * is set for the next op: GPU-time one op in N, host-time the others. */
-static void* nw_api_start(bool graph) {
-  int* mask = atomic_load_explicit(&nw_g.mask_ptr, memory_order_relaxed);
-  if (nw_g.cfg.timing_sample <= 1 || !mask) return &nw_api[graph][1];
-  int cur = __atomic_load_n(mask, __ATOMIC_RELAXED);
-  uint64_t n = atomic_fetch_add_explicit(&nw_g.group_calls, 1, memory_order_relaxed) + 1;
-  int want = (n % nw_g.cfg.timing_sample == 0) ? (cur | NW_EV_KERNEL_CH) : (cur & ~NW_EV_KERNEL_CH);
-  if (want != cur) __atomic_store_n(mask, want, __ATOMIC_RELAXED);
-  return &nw_api[graph][(cur & NW_EV_KERNEL_CH) != 0];
-}
+/* CollApi/P2pApi start (v5+). GPU-timing only a sample of ops by clearing the KernelCh
+ * bit of the activation mask here is not done: NCCL 2.28 reads the mask at every API call
+ * and decides a Send/Recv pair's device-side timestamps by the Recv task's mask alone
+ * (enqueue.cc, work->profilerEnabled), so a Send whose own mask asked for KernelCh can wait
+ * for timestamps the kernel never writes; a GPU run with such sampling did not finish. */
+static void* nw_api_start(bool graph) { return &nw_api[graph]; }
 
 static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const char* dtype,
                          const char* algo, const char* proto, uint64_t seq, size_t count,
@@ -96,10 +88,16 @@ static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const c
   r->count = count;
   r->channels = (uint8_t)n_channels;
   r->p2p = p2p;
-  bool graph = parent == &nw_api[1][0] || parent == &nw_api[1][1];
-  bool untimed = parent == &nw_api[0][0] || parent == &nw_api[1][0];
-  r->graph = graph;
+  r->graph = parent == &nw_api[1];
+  int expect = n_channels < NW_MAX_CHANNELS ? n_channels : NW_MAX_CHANNELS;
   if (p2p) {
+    /* Send/Recv to self is a local copy NCCL makes without a proxy op, hence without
+     * channel events, though it reports nChannels > 0 (enqueue.cc: nProxyOps = selfSend ? 0 : 2). */
+    if (peer_or_root == ctx->comm->rank) {
+      expect = 0;
+      /* ... while the kernel still advances its per-channel counter for it. */
+      if (n_channels > 0) nw_ctx_desync(ctx, nw_now_ns(), "a Send/Recv to self");
+    }
     /* NCCL has no sequence number for p2p: count per (communicator, direction, peer). */
     uint32_t dir = strcmp(r->op, "Send") == 0 ? 0 : 1;
     uint32_t nranks = (uint32_t)ctx->comm->nranks;
@@ -112,13 +110,13 @@ static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const c
     r->seq = seq;
     r->peer = nw_is_rooted(r->op) ? peer_or_root : -1;
   }
-  int expect = untimed ? 0 : (n_channels < NW_MAX_CHANNELS ? n_channels : NW_MAX_CHANNELS);
   op->expect_kch = (uint8_t)expect;
   op->launch_ns = nw_now_ns();
   atomic_store_explicit(&op->stopped_ns, 0, memory_order_relaxed);
   atomic_store_explicit(&op->gpu_start, UINT64_MAX, memory_order_relaxed);
   atomic_store_explicit(&op->gpu_stop, 0, memory_order_relaxed);
   atomic_store_explicit(&op->kch_timed, 0, memory_order_relaxed);
+  atomic_store_explicit(&op->kch_started, 0, memory_order_relaxed);
   uint32_t gen = (uint32_t)(atomic_load_explicit(&op->life, memory_order_relaxed) >> 32) + 1;
   atomic_store_explicit(&op->hdr.generation, gen, memory_order_relaxed);
   /* Publishing the count last makes the slot visible to the reaper only when complete. */
@@ -139,13 +137,19 @@ static void* nw_kch_start(struct nw_ctx* ctx, void* parent, uint8_t channel, uin
   }
   struct nw_kch* k = &op->kch[channel];
   atomic_store_explicit(&k->hdr.generation, (uint32_t)(w >> 32), memory_order_relaxed);
+  atomic_fetch_add_explicit(&op->kch_started, 1, memory_order_relaxed);
+  int64_t newest = atomic_load_explicit(&ctx->newest_started_launch_ns, memory_order_relaxed);
+  while (op->launch_ns > newest &&
+         !atomic_compare_exchange_weak_explicit(&ctx->newest_started_launch_ns, &newest, op->launch_ns,
+                                                memory_order_relaxed, memory_order_relaxed)) {
+  }
   if (p_timer) {
     uint64_t cur = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
     while (p_timer < cur && !atomic_compare_exchange_weak_explicit(
                                 &op->gpu_start, &cur, p_timer, memory_order_relaxed,
                                 memory_order_relaxed)) {
     }
-    nw_cal_sample(ctx, nw_now_ns(), p_timer);
+    nw_cal_sample(ctx->comm, nw_now_ns(), p_timer);
   }
   return k;
 }
@@ -159,6 +163,9 @@ static void nw_kch_stop_time(struct nw_kch* k, uint64_t p_timer) {
     return;
   }
   if (!p_timer) return;
+  /* The stop callback also comes after the GPU wrote its timestamp: another upper bound
+   * of the clock offset, often a tighter one than the start's (see pool.c). */
+  nw_cal_sample(op->ctx->comm, nw_now_ns(), p_timer);
   uint64_t cur = atomic_load_explicit(&op->gpu_stop, memory_order_relaxed);
   while (p_timer > cur && !atomic_compare_exchange_weak_explicit(&op->gpu_stop, &cur, p_timer,
                                                                   memory_order_relaxed,
@@ -337,6 +344,7 @@ static struct nw_comm* nw_comm_new(uint64_t hash, const char* name, int n_nodes,
   snprintf(c->gpu_bare, sizeof c->gpu_bare, "%s", bare);
   c->gpu_ordinal = ordinal;
   c->id_prefix = nw_record_id_prefix(nw_g.job, nw_g.host, nw_g.pid, c->hash_hex, c->rank);
+  nw_cal_init(c);
   size_t cap = 6 * NW_NAME_MAX + 512;
   c->json_fields = malloc(cap);
   if (!c->name || !c->json_fields) {
@@ -443,6 +451,10 @@ static nw_nccl_result nw_finalize(void* context) {
       break;
     }
   pthread_mutex_unlock(&nw_g.ctx_mu);
+  uint64_t untrusted = atomic_load_explicit(&ctx->untrusted_ops, memory_order_relaxed);
+  if (untrusted)
+    NW_LOG(NW_LOG_INFO, "ncclwatch: communicator %s: %llu ops recorded host-timed, their channel timestamps "
+           "being another op's", ctx->comm->hash_hex, (unsigned long long)untrusted);
   if (!nw_g.exited) {
     /* Ops still open here never got all their channel events: record them host-timed. */
     size_t n = nw_ctx_reap(ctx, nw_now_ns(), 0, true);

@@ -27,9 +27,9 @@ int nw_ctx_pool_init(struct nw_ctx* ctx, uint32_t n_ops) {
       op->kch[c].op = op;
     }
   }
-  atomic_init(&ctx->cal_cur, INT64_MAX);
-  atomic_init(&ctx->cal_prev, INT64_MAX);
-  atomic_init(&ctx->cal_window_start, INT64_MIN / 2);
+  atomic_init(&ctx->newest_started_launch_ns, INT64_MIN);
+  atomic_init(&ctx->desync_since_ns, INT64_MAX);
+  atomic_init(&ctx->untrusted_ops, 0);
   return 0;
 }
 
@@ -75,18 +75,50 @@ static void nw_op_free(struct nw_op* op, uint32_t gen) {
   atomic_store_explicit(&op->state, NW_OP_FREE, memory_order_release);
 }
 
+/* NCCL calls the Coll start right after launching the kernel on its direct path, so the
+ * GPU can start a little before launch_ns; more than this is not that. */
+#define NW_EARLY_NS (1000LL * 1000)
+
+void nw_ctx_desync(struct nw_ctx* ctx, int64_t since_ns, const char* why) {
+  int64_t cur = atomic_load_explicit(&ctx->desync_since_ns, memory_order_relaxed);
+  if (cur != INT64_MAX) return;
+  if (!atomic_compare_exchange_strong_explicit(&ctx->desync_since_ns, &cur, since_ns, memory_order_relaxed,
+                                               memory_order_relaxed))
+    return;
+  if (nw_g.logfn)
+    nw_g.logfn(NW_LOG_WARN, NW_LOG_PROFILE, __FILE__, __LINE__,
+               "ncclwatch: communicator %s: %s; NCCL's per-channel profiler counters are now out of "
+               "step (NCCL 2.27-2.30 count a self copy on the GPU but not on the host), so later "
+               "channel timestamps belong to other ops: its ops are recorded host-timed from now on",
+               ctx->comm->hash_hex, why);
+}
+
 /* Called by whoever took `life` to zero: turn the slot into a record, free the slot, push. */
 static void nw_op_complete(struct nw_op* op, uint32_t gen, bool reaped) {
   struct nw_op_rec rec = op->rec;
   uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
   uint64_t ge = atomic_load_explicit(&op->gpu_stop, memory_order_relaxed);
   uint32_t timed = atomic_load_explicit(&op->kch_timed, memory_order_relaxed);
-  int64_t off = nw_cal_offset(op->ctx);
   rec.comm = op->ctx->comm;
-  if (!reaped && op->expect_kch > 0 && timed >= op->expect_kch && gs != UINT64_MAX && ge >= gs &&
-      off != INT64_MAX) {
+  bool gpu = !reaped && op->expect_kch > 0 && timed >= op->expect_kch && gs != UINT64_MAX && ge >= gs;
+  if (gpu && op->launch_ns >= atomic_load_explicit(&op->ctx->desync_since_ns, memory_order_relaxed)) {
+    gpu = false;
+    atomic_fetch_add_explicit(&op->ctx->untrusted_ops, 1, memory_order_relaxed);
+  }
+  if (gpu) {
+    /* A GPU start well before NCCL even launched the op is another op's timestamp: keep
+     * this op host-timed (the calibrated start is never early, so no false alarm from it). */
+    int64_t off = nw_cal_offset(rec.comm);
+    if (off != INT64_MAX && (int64_t)gs + off < op->launch_ns - NW_EARLY_NS) {
+      gpu = false;
+      atomic_fetch_add_explicit(&op->ctx->untrusted_ops, 1, memory_order_relaxed);
+    }
+  }
+  if (gpu) {
     rec.timing = NW_TIMING_KERNEL_GPU;
-    rec.start_ns = (int64_t)gs + off;
+    /* Still the GPU clock: the writer converts it with the calibration as of writing,
+     * which has seen more samples (the first ops' own samples are the least reliable). */
+    rec.start_ns = (int64_t)gs;
     rec.exec_ns = (int64_t)(ge - gs);
   } else {
     /* No (complete) GPU timing: the channel events were not asked for, or some never came
@@ -94,6 +126,12 @@ static void nw_op_complete(struct nw_op* op, uint32_t gen, bool reaped) {
     rec.timing = NW_TIMING_HOST;
     rec.start_ns = op->launch_ns;
     rec.exec_ns = 0;
+    if (nw_g.cfg.debug && nw_g.logfn)
+      nw_g.logfn(NW_LOG_INFO, NW_LOG_PROFILE, __FILE__, __LINE__,
+                 "ncclwatch: %s %s seq %llu peer %d host-timed%s: channels %u expected, %u started, "
+                 "%u stopped with a time", rec.comm->hash_hex, rec.op, (unsigned long long)rec.seq,
+                 rec.peer, reaped ? " (reaped)" : "", op->expect_kch,
+                 atomic_load_explicit(&op->kch_started, memory_order_relaxed), timed);
   }
   nw_op_free(op, gen);
   if (rec.timing == NW_TIMING_HOST && nw_g.cfg.require_gpu_timing) {
@@ -118,11 +156,21 @@ void nw_op_release(struct nw_op* op, uint32_t gen) {
   if (NW_REMAINING(w - 1) == 0) nw_op_complete(op, gen, false);
 }
 
+/* An op stopped this long ago that has seen no channel start while a later op of its
+ * communicator has, will never see one: NCCL said nChannels > 0 but made no proxy op for
+ * it (NCCL 2.27-2.30 do so for Send/Recv to self, handled at start; this catches others). */
+#define NW_ORPHAN_NS (1000LL * 1000 * 1000)
+
 bool nw_op_reap(struct nw_op* op, int64_t now_ns, int64_t timeout_ns, bool force) {
   if (atomic_load_explicit(&op->state, memory_order_acquire) != NW_OP_OPEN) return false;
   if (!force) {
     int64_t st = atomic_load_explicit(&op->stopped_ns, memory_order_relaxed);
-    if (st == 0 || now_ns - st < timeout_ns) return false;
+    if (st == 0) return false;
+    bool orphan = now_ns - st >= NW_ORPHAN_NS &&
+                  atomic_load_explicit(&op->kch_started, memory_order_relaxed) == 0 &&
+                  atomic_load_explicit(&op->ctx->newest_started_launch_ns, memory_order_relaxed) >
+                      op->launch_ns;
+    if (!orphan && now_ns - st < timeout_ns) return false;
   }
   uint64_t w = atomic_load_explicit(&op->life, memory_order_acquire);
   /* remaining == 0: free, or claimed but not yet published by its starting thread. */
@@ -153,7 +201,13 @@ size_t nw_ctx_reap(struct nw_ctx* ctx, int64_t now_ns, int64_t timeout_ns, bool 
  * bias. */
 #define NW_CAL_WINDOW_NS (10LL * 1000 * 1000 * 1000)
 
-void nw_cal_sample(struct nw_ctx* ctx, int64_t host_ns, uint64_t gpu_ns) {
+void nw_cal_init(struct nw_comm* ctx) {
+  atomic_init(&ctx->cal_cur, INT64_MAX);
+  atomic_init(&ctx->cal_prev, INT64_MAX);
+  atomic_init(&ctx->cal_window_start, INT64_MIN / 2);
+}
+
+void nw_cal_sample(struct nw_comm* ctx, int64_t host_ns, uint64_t gpu_ns) {
   int64_t off = host_ns - (int64_t)gpu_ns;
   int64_t ws = atomic_load_explicit(&ctx->cal_window_start, memory_order_relaxed);
   if (host_ns - ws > NW_CAL_WINDOW_NS &&
@@ -172,8 +226,8 @@ void nw_cal_sample(struct nw_ctx* ctx, int64_t host_ns, uint64_t gpu_ns) {
   }
 }
 
-int64_t nw_cal_offset(struct nw_ctx* ctx) {
-  int64_t a = atomic_load_explicit(&ctx->cal_cur, memory_order_relaxed);
-  int64_t b = atomic_load_explicit(&ctx->cal_prev, memory_order_relaxed);
+int64_t nw_cal_offset(const struct nw_comm* ctx) {
+  int64_t a = atomic_load_explicit((_Atomic int64_t*)&ctx->cal_cur, memory_order_relaxed);
+  int64_t b = atomic_load_explicit((_Atomic int64_t*)&ctx->cal_prev, memory_order_relaxed);
   return a < b ? a : b;
 }

@@ -308,8 +308,13 @@ static void nw_w_op(const struct nw_op_rec* r, void* arg) {
   nw_json_str(b, r->proto);
   nw_buf_puts(b, ",\"channels\":");
   nw_buf_u64(b, r->channels);
+  int64_t start_ns = r->start_ns;
+  if (r->timing == NW_TIMING_KERNEL_GPU) {
+    int64_t off = nw_cal_offset(c);
+    start_ns = off == INT64_MAX ? 0 : r->start_ns + off; /* no sample cannot happen: a start had one */
+  }
   nw_buf_puts(b, ",\"start_ns\":");
-  nw_buf_i64(b, r->start_ns);
+  nw_buf_i64(b, start_ns);
   nw_buf_puts(b, ",\"exec_ns\":");
   nw_buf_i64(b, r->exec_ns);
   nw_buf_puts(b, r->timing == NW_TIMING_KERNEL_GPU ? ",\"timing\":\"kernel_gpu\"" : ",\"timing\":\"host\"");
