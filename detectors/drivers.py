@@ -92,7 +92,11 @@ class JobDetectors:
 
     Stream time: every ``tick_s`` of stream time (the largest record time seen) every
     job's pipeline is advanced to it, which is how a job that went silent while others
-    kept reporting gets its anomalies ended and, after an hour, is forgotten.
+    kept reporting gets its anomalies ended and, after an hour, is forgotten. Stream
+    time is kept per *group* of jobs (``process(record, group)``): the worker passes
+    the Kafka partition, whose records its time merge delivers in time order, so one
+    partition racing ahead while catching up cannot make another's jobs look silent;
+    ``watch`` has one ordered stream and one group.
 
     For :class:`~ncclwatch.detectors.metrics.DetectorMetrics` this object looks like a
     single pipeline (``observer``, ``open_anomalies``, ``key_count``, ``last_end_ns``),
@@ -126,8 +130,9 @@ class JobDetectors:
         self.pipeline_cls = pipeline_cls
         self.tick_ns = int(tick_s * 1e9)
         self.pipelines: dict[str, Any] = {}
-        self.stream_ns = -1
-        self._next_tick_ns = -1
+        self.stream_ns: dict[int, int] = {}  # group -> largest record time seen
+        self._next_tick_ns: dict[int, int] = {}
+        self.group_of: dict[str, int] = {}
         self._observer: Any = None
         self.evicted: list[str] = []  # jobs advance forgot; the worker drains this list
 
@@ -162,24 +167,30 @@ class JobDetectors:
             p.observer = self._observer
         return p
 
-    def process(self, record: Any) -> list[AnomalyEvent]:
-        events = self.pipeline(record.job).process(record)
+    def process(self, record: Any, group: int = 0) -> list[AnomalyEvent]:
+        job = record.job
+        self.group_of[job] = group
+        events = self.pipeline(job).process(record)
         t = record_time_ns(record)
-        if t > self.stream_ns:
-            self.stream_ns = t
-            if t >= self._next_tick_ns:
-                self._next_tick_ns = t - t % self.tick_ns + self.tick_ns
-                events += self.advance(t)
+        if t > self.stream_ns.get(group, -1):
+            self.stream_ns[group] = t
+            if t >= self._next_tick_ns.get(group, -1):
+                self._next_tick_ns[group] = t - t % self.tick_ns + self.tick_ns
+                events += self.advance(t, group)
         return events
 
-    def advance(self, now_ns: int) -> list[AnomalyEvent]:
-        """Advance every job's pipeline to stream time ``now_ns``; forget emptied ones."""
+    def advance(self, now_ns: int, group: int | None = None) -> list[AnomalyEvent]:
+        """Advance the pipelines (of one group, or all) to stream time ``now_ns``;
+        forget the jobs they emptied."""
         events: list[AnomalyEvent] = []
         for job in sorted(self.pipelines):
+            if group is not None and self.group_of.get(job, 0) != group:
+                continue
             p = self.pipelines[job]
             events += p.advance(now_ns)
             if not p.jobs():
                 del self.pipelines[job]
+                self.group_of.pop(job, None)
                 self.evicted.append(job)
         return events
 
@@ -202,21 +213,25 @@ class JobDetectors:
         """Drop cached pipelines (all, or one job's): they are reloaded from saved state."""
         if job is None:
             self.pipelines.clear()
+            self.stream_ns.clear()
+            self._next_tick_ns.clear()
         else:
             self.pipelines.pop(job, None)
 
     def to_state(self) -> dict:
         return {
             "jobs": {job: p.to_state() for job, p in sorted(self.pipelines.items())},
-            "stream_ns": self.stream_ns,
+            "stream_ns": {str(g): t for g, t in self.stream_ns.items()},
+            "group_of": self.group_of,
         }
 
     def restore(self, state: dict) -> None:
         self.pipelines = {}
         for job, s in state.get("jobs", {}).items():
             self.restore_job(job, s)
-        self.stream_ns = state.get("stream_ns", -1)
-        self._next_tick_ns = self.stream_ns
+        self.stream_ns = {int(g): t for g, t in state.get("stream_ns", {}).items()}
+        self._next_tick_ns = dict(self.stream_ns)
+        self.group_of = dict(state.get("group_of", {}))
 
 
 # --- the one line per anomaly ------------------------------------------------------------
@@ -508,9 +523,11 @@ class TimeMerge:
     Inputs that are caught up hold nothing back, so live nothing waits; catching up
     after an outage, windows wait for the throughput and telemetry of their time, as
     they would have met them live. ``hold(name, behind, t_ns)`` adds a bound from an
-    input fed elsewhere (the telemetry re-keyed by this worker's other agent). A held
-    item goes anyway after ``max_hold_s`` (an input that says it is behind but delivers
-    nothing) and the oldest go when more than ``max_held`` are held.
+    input fed elsewhere (the telemetry re-keyed by this worker's other agent).
+
+    A bound that has not moved for ``max_hold_s`` (an input that says it is behind
+    but delivers nothing) stops holding anything, and the earliest items go when more
+    than ``max_held`` are held; both are counted in ``forced``.
 
     >>> m = TimeMerge(clock=lambda: 0.0)
     >>> m.add(("w", 0), 0, 30, "w30"); m.add(("w", 0), 0, 40, "w40"); m.add(("t", 0), 0, 10, "t10")
@@ -525,7 +542,7 @@ class TimeMerge:
     def __init__(
         self,
         *,
-        max_hold_s: float = 5.0,
+        max_hold_s: float = 10.0,
         max_held: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -535,9 +552,11 @@ class TimeMerge:
         self._queues: dict[Any, deque] = {}
         self._groups: dict[int, list[Any]] = {}
         self._last_t: dict[Any, int] = {}
+        self._moved: dict[Any, float] = {}  # wall time an input last delivered
         self._behind: dict[Any, bool] = {}
-        self._external: dict[str, tuple[bool, int]] = {}
+        self._external: dict[str, tuple[bool, int, float]] = {}
         self.held = 0
+        self.forced = 0  # let go before their time (a stuck bound, or too many held)
 
     def add(self, tp: Any, group: int, t_ns: int, item: Any) -> None:
         q = self._queues.get(tp)
@@ -545,9 +564,22 @@ class TimeMerge:
             q = self._queues[tp] = deque()
             self._groups.setdefault(group, []).append(tp)
             self._last_t[tp] = t_ns
-        q.append((t_ns, self.clock(), item))
-        self._last_t[tp] = max(self._last_t[tp], t_ns)
+        q.append((t_ns, item))
+        # The newest message, not the largest time: a partition is read in order, so
+        # what comes next follows the last one read (a partition whose times jump back,
+        # e.g. a second run published after a first, bounds by where it is now).
+        self._last_t[tp] = t_ns
+        self._moved[tp] = self.clock()
         self.held += 1
+
+    def expect(self, tp: Any, group: int, behind: bool = True) -> None:
+        """An input not read yet that has something to deliver: nothing may pass it."""
+        if tp not in self._queues:
+            self._queues[tp] = deque()
+            self._groups.setdefault(group, []).append(tp)
+            self._last_t[tp] = -(1 << 62)
+            self._moved[tp] = self.clock()
+        self._behind[tp] = behind
 
     def progress(self, tp: Any, behind: bool) -> None:
         """Whether ``tp`` has unread messages on the broker (after what was added)."""
@@ -555,34 +587,60 @@ class TimeMerge:
 
     def hold(self, name: str, behind: bool, t_ns: int) -> None:
         """An input fed from elsewhere: while behind, nothing later than ``t_ns`` goes."""
-        self._external[name] = (behind, t_ns)
+        old = self._external.get(name)
+        moved = self.clock() if old is None or old[:2] != (behind, t_ns) else old[2]
+        self._external[name] = (behind, t_ns, moved)
 
     def clear(self) -> None:
-        self.__init__(max_hold_s=self.max_hold_s, max_held=self.max_held, clock=self.clock)
+        """Drop everything held (it will be read again); counters and settings stay."""
+        for d in (self._queues, self._groups, self._last_t, self._moved, self._behind):
+            d.clear()
+        self._external.clear()
+        self.held = 0
+
+    def _bound(self, tps: list[Any], now: float) -> tuple[int, int]:
+        """(bound from live inputs, bound including stuck ones) for one group."""
+        live = stuck = 1 << 62
+        bounds = [(t, m) for _, (b, t, m) in self._external.items() if b]
+        bounds += [
+            (self._last_t[tp], self._moved[tp])
+            for tp in tps
+            if self._behind.get(tp) and not self._queues[tp]
+        ]
+        for t, moved in bounds:
+            stuck = min(stuck, t)
+            if now - moved <= self.max_hold_s:
+                live = min(live, t)
+        return live, stuck
+
+    def drain(self) -> list[Any]:
+        """Everything held, in merge order (end of input: nothing more will come)."""
+        self._behind.clear()
+        self._external.clear()
+        return self.release()
 
     def release(self) -> list[Any]:
         out: list[Any] = []
         now = self.clock()
-        external = min((t for b, t in self._external.values() if b), default=1 << 62)
         for tps in self._groups.values():
-            bound = min(
-                (self._last_t[tp] for tp in tps if self._behind.get(tp) and not self._queues[tp]),
-                default=1 << 62,
-            )
-            bound = min(bound, external)
+            live, stuck = self._bound(tps, now)
             while True:
                 heads = [(q[0][0], i) for i, tp in enumerate(tps) if (q := self._queues[tp])]
                 if not heads:
                     break
                 t, i = min(heads)
-                q = self._queues[tps[i]]
-                stale = any(now - self._queues[tps[j]][0][1] > self.max_hold_s for _, j in heads)
-                if t > bound and not stale and self.held <= self.max_held:
+                if t > live and self.held <= self.max_held:
                     break
-                out.append(q.popleft()[2])
+                if t > stuck:
+                    self.forced += 1
+                tp = tps[i]
+                q = self._queues[tp]
+                out.append(q.popleft()[1])
                 self.held -= 1
-                if not q and self._behind.get(tps[i]):
-                    bound = min(bound, self._last_t[tps[i]])
+                if not q and self._behind.get(tp):
+                    # drained but behind: its next message may be as early as its last
+                    live = min(live, self._last_t[tp])
+                    stuck = min(stuck, self._last_t[tp])
         return out
 
 
@@ -690,7 +748,7 @@ class StreamCore:
                 continue
             offsets[where] = msg.offset
             self.partition_of[job] = msg.partition
-            events = self.detectors.process(rec)
+            events = self.detectors.process(rec, msg.partition)
             out.events += events
             # advance() can change other jobs too: those that emitted something are saved
             touched.add(job)

@@ -534,6 +534,14 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     except SystemExit as e:
         return 1 if w.crashed else int(e.code or 0)
     finally:
+        st = w.stats
+        print(
+            f"ncclwatch worker {w.app_id}: {st.records} records, {st.events} events, "
+            f"{st.dead_letters} dead letters, {st.skipped} re-read and skipped, "
+            f"{w.core.merge.forced} let go by the time merge before their time",
+            file=sys.stderr,
+            flush=True,
+        )
         w._executor.shutdown(wait=True)
         if w.sink is not None:
             w.sink.close()

@@ -455,6 +455,8 @@ def _to_kafka(
 ) -> int:
     from kafka import KafkaProducer
 
+    if not items:
+        return 0
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
     try:

@@ -36,6 +36,7 @@ from ncclwatch.detectors.drivers import (
     JobDetectors,
     Pacer,
     ReadStats,
+    TimeMerge,
     format_event,
     read_recording,
     record_time_ns,
@@ -352,27 +353,57 @@ def _tail(
     positions: Any,
     state_path: str,
 ) -> Any:
+    """Tail the spool; records of all files go through a time merge.
+
+    The tailer reads files in turns, a chunk at a time: catching up on a spool (at start,
+    after a restart, ``--once``) it can be minutes further in one file than in another.
+    The merge lets a record go only when no file that still has unread bytes could hold
+    an earlier one, so the detectors see the ranks of a job side by side, as they
+    would have live. The saved positions are those of records processed, never of
+    records still held.
+    """
     from ncclwatch.ingest.spool import SpoolTailer
 
-    tailer = SpoolTailer(source, positions or {})
+    tailer = SpoolTailer(str(source), positions or {})
+    done = dict(positions or {})
+    merge = TimeMerge()
+    last_t: dict[str, int] = {}
     status_due = _every(args.status_every_s)
     save_due = _every(args.save_every_s)
     tick_due = _every(1.0)
     print(f"watching {source}", file=watch.out, flush=True)
+
+    def feed(items: list) -> None:
+        for line, rec in items:
+            watch.feed(rec)
+            done[line.source] = line.next_offset
+
     while not stop.requested:
         lines = tailer.poll(POLL_MAX_LINES)
         for line in lines:
-            watch.feed(parse_line(line.raw, source=str(line.source), offset=line.offset))
+            rec = parse_line(line.raw, source=str(line.source), offset=line.offset)
+            # a bad line has no time of its own: it keeps its place in its file
+            t = last_t.get(line.source, 0) if isinstance(rec, Quarantined) else record_time_ns(rec)
+            last_t[line.source] = t
+            merge.add(line.source, 0, t, (line, rec))
+        for path, size in tailer.sizes.items():
+            behind = size > tailer.positions.get(path, 0)
+            if path in last_t:
+                merge.progress(path, behind)
+            elif behind:
+                merge.expect(path, 0)
+        feed(merge.release())
         if status_due():
             for text in watch.status_lines():
                 print(text, file=watch.out, flush=True)
         if watch.sink is not None and tick_due():
             watch.sink.tick()
         if state_path and save_due():
-            write_jsonl_atomic(state_path, watch.to_state(dict(tailer.positions)))
+            write_jsonl_atomic(state_path, watch.to_state(done))
         if not lines:
             if args.once:
                 break
             time.sleep(POLL_IDLE_S)
+    feed(merge.drain())
     watch.flush()
-    return dict(tailer.positions)
+    return done

@@ -1,15 +1,15 @@
-"""Test helpers for the detector drivers on the real Kafka broker.
+"""Test helpers for the detector drivers (watch, worker, replay).
 
-Shared by tests/test_faust_worker.py, tests/test_driver_equivalence.py and
-tests/test_replay.py: unique topics per test, publishing records the way the forwarder
-does (keys by job, Kafka timestamps = record times), reading a topic back, and running
-``ncclwatch worker`` as a real subprocess.
+Spools written the way the plugin writes them; for the real Kafka broker: unique topics
+per test, publishing records the way the forwarder does (keys, Kafka timestamps =
+record times), reading a topic back, and running ``ncclwatch worker`` as a subprocess.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,7 +21,107 @@ from ncclwatch.detectors.drivers import JobDetectors, record_time_ns
 
 from ncclwatch import testing
 from ncclwatch.config import load
-from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
+from ncclwatch.records import OpRecord, ThroughputRecord, WindowSummary, to_json
+from ncclwatch.rules import bandwidths_gbs, record_id
+
+T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the generator's
+
+
+def _op(job, host, pid, rank, comm, transport, nranks, nnodes, seq, start_ns, nbytes, busbw_gbs):
+    _, bus = bandwidths_gbs("AllReduce", nbytes, nranks, 1_000_000)
+    exec_ns = int(1_000_000 * bus / busbw_gbs)  # the time that gives this busbw
+    algbw, busbw = bandwidths_gbs("AllReduce", nbytes, nranks, exec_ns)
+    return OpRecord(
+        id=record_id(job, host, pid, comm, rank, "AllReduce", -1, seq),
+        job=job,
+        host=host,
+        pid=pid,
+        gpu=f"GPU-{pid}",
+        comm=comm,
+        comm_name="dp" if transport == "net" else "tp",
+        rank=rank,
+        nranks=nranks,
+        nnodes=nnodes,
+        local_ranks=-(-nranks // nnodes),
+        transport=transport,
+        op="AllReduce",
+        seq=seq,
+        count=nbytes // 4,
+        dtype="ncclFloat32",
+        bytes=nbytes,
+        peer=-1,
+        algo="RING",
+        proto="SIMPLE",
+        channels=8,
+        start_ns=start_ns,
+        exec_ns=exec_ns,
+        timing="kernel_gpu",
+        algbw_gbs=algbw,
+        busbw_gbs=busbw,
+        graph=False,
+    )
+
+
+def write_spool(spool: Path, *, job="job-w", seconds=60, degrade_from_s=40, loss=0.35, first_s=0, seed=7) -> dict:
+    """A 2-node, 2-GPU-per-node job as the plugin spools it: one file per process.
+
+    Rail layout: GPU i of each node shares a data-parallel communicator with GPU i of the
+    other node (2 ranks, 2 nodes: transport ``net``, AllReduce 32 MiB), and the two GPUs
+    of a node share a tensor-parallel one (``nvlink``, AllReduce 1 MiB); each runs 4
+    times a second. From ``degrade_from_s`` on the network path loses ``loss`` of its
+    bandwidth and the job's throughput drops 13 %.
+    """
+    rnd = random.Random(seed * 1000 + first_s)
+    d = spool / job
+    d.mkdir(parents=True, exist_ok=True)
+    for node, host in enumerate(("node-a", "node-b")):
+        for gpu in range(2):
+            pid = 1000 + 10 * node + gpu
+            net_comm = f"0x00000000000000a{gpu}"
+            nvl_comm = f"0x00000000000000b{node}"
+            lines = []
+            for s in range(first_s, seconds):
+                degraded = s >= degrade_from_s
+                for k in range(4):
+                    t = T0_NS + s * 10**9 + k * 250_000_000 + pid * 1000
+                    net = 20.0 * (1 - loss if degraded else 1.0) * rnd.uniform(0.98, 1.02)
+                    nvl = 150.0 * rnd.uniform(0.98, 1.02)
+                    seq = s * 4 + k
+                    lines.append(_op(job, host, pid, node, net_comm, "net", 2, 2, seq, t, 32 << 20, net))
+                    lines.append(
+                        _op(
+                            job,
+                            host,
+                            pid,
+                            gpu,
+                            nvl_comm,
+                            "nvlink",
+                            2,
+                            1,
+                            seq,
+                            t + 100_000_000,
+                            1 << 20,
+                            nvl,
+                        )
+                    )
+            name = f"{host}-GPU-{pid}-{pid}.{first_s:06d}.jsonl"
+            (d / name).write_text("".join(to_json(r) + "\n" for r in lines))
+    tp = [
+        ThroughputRecord(
+            job=job,
+            host="node-a",
+            rank=-1,
+            ts_ns=T0_NS + (s + 1) * 10**9,
+            step=s,
+            tflops_per_gpu=(310.0 if s < degrade_from_s else 270.0) * rnd.uniform(0.99, 1.01),
+            tokens_per_s=None,
+            source="fixture",
+        )
+        for s in range(first_s, seconds)
+    ]
+    (d / f"node-a-throughput-999.{first_s:06d}.jsonl").write_text("".join(to_json(r) + "\n" for r in tp))
+    return {"job": job, "degrade_ns": T0_NS + degrade_from_s * 10**9}
+
 
 KAFKA_CLIENT = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 2000}
 
@@ -69,7 +169,8 @@ def publish(env: dict[str, str], records: list, extra: list[tuple[str, bytes | N
     producer = KafkaProducer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], acks="all", linger_ms=5)
     try:
         for rec in records:
-            key = rec.job if rec.KIND in ("window", "throughput") else f"{rec.job}|"
+            # as ingest/forward.py keys them: drops and plugin stats by job and host
+            key = rec.job if rec.KIND in ("window", "throughput") else f"{rec.job}|{rec.host}"
             producer.send(
                 topic_for(env, rec),
                 key=key.encode(),
@@ -229,6 +330,26 @@ def reference_events(cfg_env: dict[str, str], records: list) -> list:
     for rec in sorted(records, key=record_time_ns):
         events += det.process(rec)
     return events
+
+
+def scenario_records(names: list[str]) -> list:
+    """Several labelled scenarios as the forwarders would publish them together.
+
+    Each scenario's own list is in its publication order (windows a second or so after
+    they end, node by node); the scenarios run at the same time, so they are merged by
+    about when each record would have been published, keeping each one's own order.
+    """
+    import heapq
+
+    from ncclwatch.detectors import scenarios
+
+    delay_ns = {"window": 10**9, "throughput": 50_000_000}
+
+    def emitted(r: Any) -> int:
+        return record_time_ns(r) + delay_ns.get(r.KIND, 0)
+
+    lists = [scenarios.generate(scenarios.by_name(n))[0] for n in names]
+    return list(heapq.merge(*lists, key=emitted))
 
 
 def identity(ev: Any) -> tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from drivers_kafka import (
+from drivers_support import (
     WorkerProcess,
     config_of,
     create_topics,
@@ -85,10 +85,10 @@ def test_worker_publishes_the_network_anomaly_with_its_attribution(one_run):
 
 
 def test_worker_events_equal_the_in_process_detectors_exactly_once(one_run):
+    """Each event as often as in one uninterrupted in-process run: none lost, none twice."""
     got = [identity(e) for e in one_run["events"]]
     want = [identity(e) for e in one_run["expected"]]
     assert sorted(got) == sorted(want)
-    assert len(set(got)) == len(got), "an anomaly event was published twice"
 
 
 def test_worker_exits_cleanly_on_sigterm(one_run):
@@ -144,8 +144,8 @@ def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka
         events = read_events(env, min_count=len(expected), idle_s=2.0, timeout_s=60)
     finally:
         worker.stop()
+    # each event exactly as often as without restarts: none lost, none repeated
     got = [identity(e) for e in events]
-    assert len(set(got)) == len(got), "an anomaly event was published twice"
     assert sorted(got) == sorted(identity(e) for e in expected), worker.output()
     # detected at the same stream time as without restarts: no re-warm-up
     want_detected = sorted((e.id, e.state, e.detected_ns) for e in expected)

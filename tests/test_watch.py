@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -13,114 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from drivers_support import write_spool
 
 from ncclwatch import cli
-from ncclwatch.records import OpRecord, ThroughputRecord, parse_line, to_json
-from ncclwatch.rules import bandwidths_gbs, record_id
-
-T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the generator's
-
-
-def _op(job, host, pid, rank, comm, transport, nranks, nnodes, seq, start_ns, nbytes, busbw_gbs):
-    _, bus = bandwidths_gbs("AllReduce", nbytes, nranks, 1_000_000)
-    exec_ns = int(1_000_000 * bus / busbw_gbs)  # the time that gives this busbw
-    algbw, busbw = bandwidths_gbs("AllReduce", nbytes, nranks, exec_ns)
-    return OpRecord(
-        id=record_id(job, host, pid, comm, rank, "AllReduce", -1, seq),
-        job=job,
-        host=host,
-        pid=pid,
-        gpu=f"GPU-{pid}",
-        comm=comm,
-        comm_name="dp" if transport == "net" else "tp",
-        rank=rank,
-        nranks=nranks,
-        nnodes=nnodes,
-        local_ranks=-(-nranks // nnodes),
-        transport=transport,
-        op="AllReduce",
-        seq=seq,
-        count=nbytes // 4,
-        dtype="ncclFloat32",
-        bytes=nbytes,
-        peer=-1,
-        algo="RING",
-        proto="SIMPLE",
-        channels=8,
-        start_ns=start_ns,
-        exec_ns=exec_ns,
-        timing="kernel_gpu",
-        algbw_gbs=algbw,
-        busbw_gbs=busbw,
-        graph=False,
-    )
-
-
-def write_spool(
-    spool: Path, *, job="job-w", seconds=60, degrade_from_s=40, loss=0.35, first_s=0, seed=7
-) -> dict:
-    """A 2-node, 2-GPU-per-node job as the plugin spools it: one file per process.
-
-    Rail layout: GPU i of each node shares a data-parallel communicator with GPU i of the
-    other node (2 ranks, 2 nodes: transport ``net``, AllReduce 32 MiB), and the two GPUs
-    of a node share a tensor-parallel one (``nvlink``, AllReduce 1 MiB); each runs 4
-    times a second. From ``degrade_from_s`` on the network path loses ``loss`` of its
-    bandwidth and the job's throughput drops 13 %.
-    """
-    rnd = random.Random(seed * 1000 + first_s)
-    d = spool / job
-    d.mkdir(parents=True, exist_ok=True)
-    for node, host in enumerate(("node-a", "node-b")):
-        for gpu in range(2):
-            pid = 1000 + 10 * node + gpu
-            net_comm = f"0x00000000000000a{gpu}"
-            nvl_comm = f"0x00000000000000b{node}"
-            lines = []
-            for s in range(first_s, seconds):
-                degraded = s >= degrade_from_s
-                for k in range(4):
-                    t = T0_NS + s * 10**9 + k * 250_000_000 + pid * 1000
-                    net = 20.0 * (1 - loss if degraded else 1.0) * rnd.uniform(0.98, 1.02)
-                    nvl = 150.0 * rnd.uniform(0.98, 1.02)
-                    seq = s * 4 + k
-                    lines.append(
-                        _op(job, host, pid, node, net_comm, "net", 2, 2, seq, t, 32 << 20, net)
-                    )
-                    lines.append(
-                        _op(
-                            job,
-                            host,
-                            pid,
-                            gpu,
-                            nvl_comm,
-                            "nvlink",
-                            2,
-                            1,
-                            seq,
-                            t + 100_000_000,
-                            1 << 20,
-                            nvl,
-                        )
-                    )
-            name = f"{host}-GPU-{pid}-{pid}.{first_s:06d}.jsonl"
-            (d / name).write_text("".join(to_json(r) + "\n" for r in lines))
-    tp = [
-        ThroughputRecord(
-            job=job,
-            host="node-a",
-            rank=-1,
-            ts_ns=T0_NS + (s + 1) * 10**9,
-            step=s,
-            tflops_per_gpu=(310.0 if s < degrade_from_s else 270.0) * rnd.uniform(0.99, 1.01),
-            tokens_per_s=None,
-            source="fixture",
-        )
-        for s in range(first_s, seconds)
-    ]
-    (d / f"node-a-throughput-999.{first_s:06d}.jsonl").write_text(
-        "".join(to_json(r) + "\n" for r in tp)
-    )
-    return {"job": job, "degrade_ns": T0_NS + degrade_from_s * 10**9}
+from ncclwatch.records import parse_line
 
 
 def _events(path: Path) -> list[dict]:

@@ -1,0 +1,162 @@
+"""``ncclwatch replay``: topics by time or offsets into detectors or files; files into topics."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from drivers_support import (
+    WorkerProcess,
+    config_of,
+    create_topics,
+    identity,
+    publish,
+    read_events,
+    read_topic,
+    reference_events,
+    topics_env,
+    window_scenario,
+)
+from ncclwatch.detectors.drivers import record_time_ns
+
+from ncclwatch import cli, testing
+from ncclwatch.records import to_json
+
+T0_NS = 1_763_800_000 * 10**9
+
+
+@pytest.fixture(scope="module")
+def live_run(kafka_bootstrap, tmp_path_factory):
+    """Three runs published to the same topics, far apart in time, and what a live worker
+    made of them."""
+    env = topics_env(kafka_bootstrap)
+    create_topics(env)
+    early = window_scenario("job-early", t0_ns=T0_NS - 1000 * 10**9, seconds=60, degrade_from_s=30)
+    run = window_scenario("job-x", t0_ns=T0_NS, seconds=70, degrade_from_s=40, recover_at_s=55)
+    late = window_scenario("job-late", t0_ns=T0_NS + 1000 * 10**9, seconds=60, degrade_from_s=30)
+    records = early + run + late
+    publish(env, records)
+    worker = WorkerProcess(env, testing.unique_name("app"), tmp_path_factory.mktemp("w")).start()
+    try:
+        want = len(reference_events(env, records))
+        events = read_events(env, min_count=want, idle_s=1.5, timeout_s=90)
+    finally:
+        worker.stop()
+    return {"env": env, "run": run, "records": records, "events": events, "log": worker.output()}
+
+
+@pytest.fixture
+def with_env(live_run, monkeypatch):
+    for k, v in live_run["env"].items():
+        monkeypatch.setenv(k, v)
+    return live_run
+
+
+def test_replay_by_time_range_into_a_new_detector_run_gives_the_live_anomalies(with_env, tmp_path):
+    run, env = with_env["run"], with_env["env"]
+    live = [e for e in with_env["events"] if e["job"] == "job-x"]
+    assert any(e["state"] == "firing" for e in live), with_env["log"]
+    out = tmp_path / "replayed.jsonl"
+    since = str(record_time_ns(run[0]) - 10**9)
+    until = str(record_time_ns(run[-1]) + 10**9)
+    rc = cli.main(
+        [
+            "replay",
+            "--topic",
+            env["NCCLWATCH_TOPICS_WINDOWS"],
+            "--topic",
+            env["NCCLWATCH_TOPICS_THROUGHPUT"],
+            "--since",
+            since,
+            "--until",
+            until,
+            "--detect",
+            "--events-out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    replayed = [json.loads(line) for line in out.read_text().splitlines()]
+    # only the run inside the range, and exactly what the live worker said about it
+    assert {e["job"] for e in replayed} == {"job-x"}
+    assert [identity(e) for e in replayed] == [identity(e) for e in live]
+    assert [e["detected_ns"] for e in replayed] == [e["detected_ns"] for e in live]
+
+
+def test_replaying_a_window_of_a_topic_yields_exactly_its_records(with_env, tmp_path):
+    env = with_env["env"]
+    windows = [r for r in with_env["records"] if r.KIND == "window"]
+    # a range that starts and ends between records, in the middle of a run
+    a_ns, b_ns = T0_NS + 10_500_000_000, T0_NS + 20_000_000_000
+    want = sorted(to_json(r) for r in windows if a_ns <= record_time_ns(r) < b_ns)
+    assert 0 < len(want) < len(windows)
+    out = tmp_path / "slice.jsonl.gz"
+    rc = cli.main(
+        [
+            "replay",
+            "--topic",
+            env["NCCLWATCH_TOPICS_WINDOWS"],
+            "--since",
+            str(a_ns),
+            "--until",
+            str(b_ns),
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    import gzip
+
+    with gzip.open(out, "rt") as f:
+        got = f.read().splitlines()
+    assert sorted(got) == want
+    times = [json.loads(g)["end_ns"] for g in got]
+    assert times == sorted(times), "records come out in time order"
+
+
+def test_replay_by_offsets_reads_exactly_that_slice(with_env, kafka_bootstrap, tmp_path):
+    topic = with_env["env"]["NCCLWATCH_TOPICS_WINDOWS"]
+    msgs = [m for m in read_topic(kafka_bootstrap, topic, idle_s=0.3) if m.partition == 0]
+    want = sorted(m.value.decode() for m in msgs if 5 <= m.offset < 25)
+    out = tmp_path / "offsets.jsonl"
+    rc = cli.main(["replay", "--topic", topic, "--offsets", f"{topic}:0:5-25", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    assert sorted(out.read_text().splitlines()) == want and len(want) == 20
+
+
+def test_files_into_a_topic_keep_the_record_times_and_pace_by_speed(kafka_bootstrap, tmp_path, monkeypatch):
+    env = topics_env(kafka_bootstrap)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    records = window_scenario("job-f", seconds=20, degrade_from_s=100)
+    src = tmp_path / "run.jsonl"
+    src.write_text("".join(to_json(r) + "\n" for r in records) + "{broken\n")
+    target = testing.unique_name("replayed")
+    testing.kafka_create_topic(kafka_bootstrap, target, 2)
+    t0 = time.monotonic()
+    rc = cli.main(["replay", "--files", str(src), "--to-topic", target, "--speed", "20", "--no-progress"])
+    took_s = time.monotonic() - t0
+    assert rc == 0
+    assert took_s >= 0.9, "20 s of records at 20x take about a second"
+    msgs = read_topic(kafka_bootstrap, target, min_count=len(records), idle_s=0.5)
+    assert len(msgs) == len(records)  # the broken line is left out
+    by_value = {m.value.decode(): m for m in msgs}
+    for r in records:
+        m = by_value[to_json(r)]
+        assert m.timestamp == record_time_ns(r) // 10**6
+        assert m.key == r.job.encode()
+
+
+def test_replay_refuses_to_write_into_live_topics_without_into_live(tmp_path, capsys):
+    src = tmp_path / "r.jsonl"
+    src.write_text("")
+    cfg = config_of({})
+    assert cli.main(["replay", "--files", str(src), "--to-kafka"]) == 2
+    assert "refusing to write into live topic" in capsys.readouterr().err
+    assert cli.main(["replay", "--files", str(src), "--to-topic", cfg.topics.windows]) == 2
+    assert "--into-live" in capsys.readouterr().err
+    # a prefix makes them replay topics, which is fine (nothing to send: no broker needed)
+    assert cli.main(["replay", "--files", str(src), "--to-topic", "x." + cfg.topics.windows, "--no-progress"]) == 0
