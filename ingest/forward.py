@@ -78,6 +78,9 @@ class Options:
     prom_settle_s: float = 1.0
     prom_interval_s: float = 30.0
     inspector_lateness_s: float = 10.0
+    # How far ahead in stream time one spool stream may be read of the slowest one with
+    # lines left (-1: half a window, so windows of a node reach Kafka in start order).
+    align_s: float = -1.0
     shutdown_timeout_s: float = 15.0
     throughput_regex: str = ""
     quarantine_file: str = ""
@@ -151,6 +154,13 @@ class Forwarder:
         self.src_stream: dict[str, tuple[str, tuple[str, str, int]]] = {}
         self.stream_srcs: dict[tuple, set[str]] = collections.defaultdict(set)
         self.last_seen: dict[str, float] = {}
+        # Reading the spool's streams together (see _read_spool_aligned): per stream id,
+        # its time, whether it has lines left, the file it was last read from.
+        self.align_ns = int(round(opts.align_s * 1e9)) if opts.align_s >= 0 else (
+            self.window_ns // 2)
+        self.st_time: dict[str, int] = {}
+        self.st_behind: dict[str, bool] = {}
+        self.st_path: dict[str, str] = {}
 
         self.sources: list[tuple[str, Tailer]] = []
         self.spool = SpoolTailer(opts.spool_dir)
@@ -301,16 +311,97 @@ class Forwarder:
             log.warning("event=quarantine_file_failed error=%s", e)
         out.append((self.topics.quarantine, q.source.encode(), line))
 
-    def _read_spool(self, chunks: list, out: list, ops: dict) -> int:
+    # -- reading the spool's streams together in stream time ------------------------------
+    #
+    # Each spool stream (one process) has a *time*: the end of the next op it holds that
+    # was read but given back (below), else the largest op end (or throughput ts_ns)
+    # taken from it. A stream is *behind* while it has complete lines left to read. All
+    # streams of one spool directory (one job) are read up to a common horizon, the
+    # smallest time of its behind streams plus ``align_ns``; a record past the horizon
+    # is given back (the tailer is rewound to it) and read again once the others caught
+    # up. A stream whose time is not known yet is probed: its first timed record is
+    # given back at once. So a backlog is read in stream-time order across processes,
+    # as a live forwarder would read it, and op records and window summaries (which
+    # close on their own process's stream time) reach Kafka at most ``align_ns`` apart
+    # in stream time across processes. A stream that is caught up (no complete line
+    # left) holds nobody back.
+
+    def _read_spool_aligned(self, budget: int, out: list, ops: dict) -> int:
+        tailer = self.spool
+        total = 0
+        for _ in range(256):  # rounds; each one advances the slowest stream
+            horizons, skip = self._spool_plan()
+            n_streams = max(1, len(tailer.stream_ids) - len(skip))
+            per = max(64, budget // n_streams)
+            chunks = tailer.poll_chunks(budget, per_stream=per, skip=skip)
+            n, gave = self._read_spool(chunks, out, ops, horizons)
+            behind = self.st_behind
+            limited = tailer.limited
+            for sid in tailer.read_streams:
+                behind[sid] = sid in limited or sid in gave
+            total += n
+            budget -= n
+            if budget <= 0 or (n == 0 and not gave) or not any(behind.values()):
+                break
+        if len(self.st_time) > len(tailer.stream_ids) or len(behind) > len(tailer.stream_ids):
+            for d in (self.st_time, self.st_behind, self.st_path):
+                for sid in [s for s in d if s not in tailer.stream_ids]:
+                    del d[sid]
+        return total
+
+    def _spool_plan(self) -> tuple[dict[str, int], set[str]]:
+        """Per spool directory, the horizon; and the behind streams already past it."""
+        mins: dict[str, int] = {}
+        behind = [(sid, t) for sid, t in self.st_time.items() if self.st_behind.get(sid)]
+        for sid, t in behind:
+            g = os.path.dirname(sid)
+            m = mins.get(g)
+            if m is None or t < m:
+                mins[g] = t
+        horizons = {g: m + self.align_ns for g, m in mins.items()}
+        skip = {sid for sid, t in behind if t > horizons[os.path.dirname(sid)]}
+        if skip:
+            # Held back on purpose, not idle: keep the idle flush off its windows.
+            now = self.clock()
+            for sid in skip:
+                path = self.st_path.get(sid)
+                if path is not None:
+                    self.last_seen[path] = now
+        return horizons, skip
+
+    def _read_spool(self, chunks: list, out: list, ops: dict,
+                    horizons: dict[str, int] | None = None) -> tuple[int, set[str]]:
+        """Process polled chunks up to each stream's horizon; (lines used, streams given
+        back). Lines past a stream's horizon are given back to the tailer."""
         # The hot path of the forwarder: keep per-line work to parse, window, group.
         windower = self.windowers["spool"]
         wadd = windower.add
         window_ns = self.window_ns
         fast_op = FastOpRecord
+        sid_of = self.spool.stream_id
+        st_time = self.st_time
+        no_limit = 1 << 63
         n = 0
         now = self.clock()
+        stopped: set[str] = set()
+        rewound: set[str] = set()
         for chunk in chunks:
             src = chunk.source
+            sid = sid_of(src)
+            if sid in stopped:  # a stream given back: so is the rest of what was polled
+                if src not in rewound:
+                    self.spool.rewind(src, chunk.offset)
+                    rewound.add(src)
+                continue
+            if horizons is None:
+                hz = no_limit
+            elif sid in st_time:
+                hz = horizons.get(os.path.dirname(sid), no_limit)
+            else:
+                hz = -1  # not known yet: give its first timed record back (a probe)
+            hi = -1
+            gave = -1
+            self.st_path[sid] = src
             floor = self.floor.get(src, -1)
             starts = self.open_first.setdefault(src, {})
             raws = chunk.raws
@@ -318,11 +409,17 @@ class Forwarder:
             # A chunk of one cut or unterminated line says where that line ended.
             ends = [chunk.next_offset] if len(raws) == 1 else None
             off = chunk.offset
+            used = 0
             for raw in raws:
                 nxt = off + len(raw) + 1 if ends is None else ends[0]
                 rec = parse(raw, src, off)
                 if type(rec) is fast_op:
                     end = rec.start_ns + rec.exec_ns
+                    if end > hz:
+                        gave = end
+                        break
+                    if end > hi:
+                        hi = end
                     ws = end - end % window_ns
                     if ws not in starts:
                         self._new_window_start("spool", rec, src, off, starts, ws)
@@ -337,15 +434,34 @@ class Forwarder:
                             ops[key] = [raw]
                         else:
                             group.append(raw)
-                elif nxt > floor:
-                    self._route_other(rec, raw, src, off, out, ops)
-                elif rec.KIND == "op":  # an op that took the slow path, replayed
-                    self._window_op("spool", rec, src, off, starts, out)
+                else:
+                    kind = rec.KIND
+                    t = (rec.start_ns + rec.exec_ns if kind == "op"
+                         else rec.ts_ns if kind == "throughput" else -1)
+                    if t > hz:
+                        gave = t
+                        break
+                    if t > hi:
+                        hi = t
+                    if nxt > floor:
+                        self._route_other(rec, raw, src, off, out, ops)
+                    elif kind == "op":  # an op that took the slow path, replayed
+                        self._window_op("spool", rec, src, off, starts, out)
                 off = nxt
-            n += len(raws)
+                used += 1
+            n += used
+            if gave >= 0:
+                self.spool.rewind(src, off)
+                rewound.add(src)
+                stopped.add(sid)
+                st_time[sid] = gave
+            elif hi >= 0:
+                t = st_time.get(sid, -1)
+                if hi > t:
+                    st_time[sid] = hi
             if floor >= 0 and off >= floor:
                 del self.floor[src]
-        return n
+        return n, stopped
 
     def _route_other(self, rec: Any, raw: bytes, src: str, off: int, out: list,
                      ops: dict) -> None:
@@ -469,11 +585,11 @@ class Forwarder:
         for name, tailer in self.sources:
             if budget <= 0:
                 break
-            chunks = tailer.poll_chunks(budget)
-            if not chunks:
+            chunks = tailer.poll_chunks(budget) if name != "spool" else None
+            if chunks is not None and not chunks:
                 continue
             if name == "spool":
-                n = self._read_spool(chunks, out, ops)
+                n = self._read_spool_aligned(budget, out, ops)
             elif name == "inspector_json":
                 n = self._read_inspector(chunks, out, ops)
             else:

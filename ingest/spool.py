@@ -38,7 +38,7 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 from ncclwatch.records import MAX_LINE_BYTES
@@ -138,6 +138,12 @@ class Tailer:
         self.vanished_unread_bytes_total = 0
         self._open: dict[str, _Open] = {}
         self._rr = 0
+        # Bytes a line takes, about (updated per chunk): bounds how much one read takes
+        # when only a few lines are wanted.
+        self._line_bytes = 512
+        self.stream_ids: set[str] = set()  # as of the last poll
+        self.read_streams: set[str] = set()
+        self.limited: set[str] = set()
 
     # -- what to read ---------------------------------------------------------------
 
@@ -151,8 +157,16 @@ class Tailer:
         """Up to ``max_lines`` complete lines, fairly across streams."""
         return [ln for chunk in self.poll_chunks(max_lines) for ln in chunk.lines()]
 
-    def poll_chunks(self, max_lines: int) -> list[Chunk]:
-        """Like :meth:`poll`, grouped into per-file chunks (no object per line)."""
+    def poll_chunks(self, max_lines: int, *, per_stream: int = 0,
+                    skip: Collection[str] = ()) -> list[Chunk]:
+        """Like :meth:`poll`, grouped into per-file chunks (no object per line).
+
+        ``per_stream`` (> 0) caps the lines taken from one stream, so that one poll
+        advances every stream a little instead of one stream a lot; streams whose
+        :meth:`stream_id` is in ``skip`` are not read. Afterwards :attr:`read_streams`
+        holds the ids of the streams that were read and :attr:`limited` those of them
+        that stopped at a line cap (they may have more complete lines).
+        """
         streams = self.discover()
         live = {p for s in streams for p in s}
         for path in [p for p in self.positions if p not in live]:
@@ -160,23 +174,49 @@ class Tailer:
         out: list[Chunk] = []
         budget = max_lines
         n = len(streams)
+        sid_of = self.stream_id
+        self.stream_ids = {sid_of(s[0]) for s in streams}
+        self.read_streams = read = set()
+        self.limited = limited = set()
         if n == 0:
             return out
         start = self._rr % n
         self._rr += 1
         for i in range(n):
             paths = streams[(start + i) % n]
+            sid = sid_of(paths[0])
+            if sid in skip:
+                continue
+            quota = min(budget, per_stream) if per_stream > 0 else budget
+            left = quota
             last = len(paths) - 1
             for j, path in enumerate(paths):
                 closed = j < last
                 if closed:
                     self.closed.add(path)
-                budget, done = self._read(path, closed, budget, out)
-                if budget <= 0 or not done:
+                left, done = self._read(path, closed, left, out)
+                if left <= 0 or not done:
                     break
+            read.add(sid)
+            if left <= 0:
+                limited.add(sid)
+            budget -= quota - left
             if budget <= 0:
                 break
         return out
+
+    def stream_id(self, path: str) -> str:
+        """The stream a file belongs to (here: the file itself)."""
+        return path
+
+    def rewind(self, path: str, offset: int) -> None:
+        """Un-read everything of ``path`` from ``offset`` on (lines a caller polled but
+        did not use): the next poll returns those lines again."""
+        if offset < self.positions.get(path, 0):
+            self.positions[path] = offset
+        o = self._open.get(path)
+        if o is not None:
+            o.scan_pos = -1
 
     def bytes_behind(self) -> int:
         """Bytes written to the files but not read yet (as of the last poll)."""
@@ -275,7 +315,11 @@ class Tailer:
                 if not progressed:
                     break
                 continue
-            data = os.pread(fd, min(self.chunk_bytes, size - pos), pos)
+            # Never less than a longest line plus one, so "no newline in what was read"
+            # still means a line that is too long or not finished.
+            want = min(self.chunk_bytes, size - pos,
+                       max(limit + 1, budget * self._line_bytes * 5 // 4))
+            data = os.pread(fd, want, pos)
             if not data:
                 break
             last_nl = data.rfind(b"\n")
@@ -297,6 +341,7 @@ class Tailer:
                 end = pos + last_nl + 1
             out.append(Chunk(path, pos, end, raws))
             budget -= len(raws)
+            self._line_bytes = (end - pos) // len(raws) + 1
             pos = end
         self.positions[path] = pos
         done = pos >= size
@@ -341,6 +386,22 @@ class SpoolTailer(Tailer):
     def __init__(self, spool_dir: str, positions: dict[str, int] | None = None, **kwargs):
         super().__init__(positions, **kwargs)
         self.spool_dir = spool_dir
+        self._sids: dict[str, str] = {}
+
+    def stream_id(self, path: str) -> str:
+        """``<dir>/<stream>`` of a segment path: every segment of a stream has the same.
+
+        >>> SpoolTailer("/s").stream_id("/s/job/h-GPU-1-7.000003.jsonl")
+        '/s/job/h-GPU-1-7'
+        """
+        sid = self._sids.get(path)
+        if sid is None:
+            if len(self._sids) > 65536:
+                self._sids.clear()
+            seg = segment_of(os.path.basename(path))
+            sid = self._sids[path] = (os.path.join(os.path.dirname(path), seg[0])
+                                      if seg else path)
+        return sid
 
     def discover(self) -> list[list[str]]:
         streams: dict[str, list[tuple[int, str]]] = {}

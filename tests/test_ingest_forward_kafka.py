@@ -126,6 +126,65 @@ def test_every_spool_record_arrives_in_order_per_communicator_with_its_key(
     assert len(list(spool.rglob("*.jsonl"))) == 3
 
 
+def write_backlog(spool: Path, *, job: str, streams: int, seconds: int, ops_per_s: int,
+                  segment_ops: int) -> int:
+    """A recorded spool: ``streams`` processes of one job, ``seconds`` of ops each, every
+    stream in several segments (what a forwarder finds after an outage)."""
+    d = spool / job
+    d.mkdir(parents=True, exist_ok=True)
+    interval_ns = 10**9 // ops_per_s
+    n = seconds * ops_per_s
+    for s in range(streams):
+        lines = stream_lines(job=job, host="node001", pid=2000 + s, gpu=f"GPU-{s:04d}",
+                             rank=s, n=n, comms=2, interval_ns=interval_ns,
+                             t0_ns=1_763_790_000_000_000_000 + s * 7_000_000)
+        for i, k in enumerate(range(0, n, segment_ops)):
+            (d / f"node001-GPU-{s:04d}-{2000 + s}.{i:06d}.jsonl").write_bytes(
+                b"\n".join(lines[k:k + segment_ops]) + b"\n")
+    return streams * n
+
+
+@pytest.mark.parametrize("batch_size", [2000, 500])
+def test_forward_once_on_a_multi_process_backlog_publishes_windows_in_start_order(
+        kafka_bootstrap, tmp_path, batch_size):
+    # Three processes, 70 s of ops each at 40 ops/s, 700-line segments: read file by file,
+    # one batch of 2000 lines is 50 s of one process, so windows reached Kafka up to ~50 s
+    # out of order and a detector saw one rank far ahead of the others.
+    cfg = make_cfg(kafka_bootstrap)
+    spool = tmp_path / "spool"
+    total = write_backlog(spool, job="job-b", streams=3, seconds=70, ops_per_s=40,
+                          segment_ops=700)
+    fwd = run_once(cfg, tmp_path, spool, ops_per_message=50, batch_size=batch_size)
+
+    wins = [(p, r) for p, _, r in records_of(consume(kafka_bootstrap, cfg.topics.windows))]
+    assert len({p for p, _ in wins}) == 1  # keyed by job: one partition, offset order
+    starts = [w.start_ns for _, w in wins]
+    assert sum(w.count for _, w in wins) == total  # every op in a window, none late
+    assert fwd.windowers["spool"].late_total == 0
+    assert len({w.rank for _, w in wins}) == 3
+    assert max(starts) - min(starts) >= 69 * 10**9
+    # Non-decreasing start order across processes, allowing the documented lateness
+    # (one window): the largest step back from the newest start seen so far.
+    lateness_ns = int(cfg.ingest.window_s * 1e9)
+    newest, worst_back_ns = starts[0], 0
+    for s in starts:
+        worst_back_ns = max(worst_back_ns, newest - s)
+        newest = max(newest, s)
+    assert worst_back_ns <= lateness_ns, worst_back_ns / 1e9
+    # Op records of a communicator's processes (its ranks) are read together too: in the
+    # order its key's partition holds them, no op is more than a second behind the newest.
+    ops = [(k, r) for _, k, r in records_of(consume(kafka_bootstrap, cfg.topics.ops))]
+    assert len(ops) == total
+    for key in {k for k, _ in ops}:
+        assert len({r.rank for k, r in ops if k == key}) == 3
+        ends = [r.start_ns + r.exec_ns for k, r in ops if k == key]
+        newest, back = ends[0], 0
+        for e in ends:
+            back = max(back, newest - e)
+            newest = max(newest, e)
+        assert back <= 10**9, (key, back / 1e9)
+
+
 def test_packed_messages_carry_several_records_of_one_communicator(kafka_bootstrap, tmp_path):
     cfg = make_cfg(kafka_bootstrap)
     spool = tmp_path / "spool"
