@@ -205,6 +205,12 @@ class RatioBaseline(base.Base):
 
     # --- learning -----------------------------------------------------------------
 
+    def relevel(self, value: float) -> None:
+        """Move the baseline to ``value`` at once (noise estimate kept): a level the caller
+        watched for a while without it ever being a degradation is the new normal."""
+        if self._stats.n and value > 0:
+            self._stats._mean = math.log(value)
+
     def set_prior(self, value: float | None) -> None:
         """Cold-start value (e.g. from the fitted model), used until the warm-up ends."""
         self._prior = math.log(value) if value is not None and value > 0 else None

@@ -17,7 +17,9 @@ from ncclwatch.rules import fnv1a64
 MAX_LISTED_KEYS = 20
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
-KeyTuple = tuple[str, str, str, str]  # (comm, op, size_bucket, transport)
+# (comm, op, size_bucket, transport), with a fifth member "spread" when the key belongs to
+# a straggler incident through its ranks' spread rather than its bus bandwidth.
+KeyTuple = tuple[str, ...]
 
 
 def incident_id(job: str, type_: str, scope: str, start_ns: int) -> str:

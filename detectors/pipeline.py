@@ -49,12 +49,13 @@ from .attribution import Verdict, attribute, degraded_now
 from .baseline import DriftEvidence, RatioBaseline
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .model import BusbwModel
-from .straggler import StragglerScorer
+from .straggler import MIN_REL, StragglerScorer, relative_exec
 from .sustained import FIRE, RESOLVE, SustainedRule
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
 
 STATE_VERSION = 1
+DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
 COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 
@@ -66,7 +67,8 @@ class KeyState:
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
         "host", "rank_host", "baseline", "drift", "rule", "straggler", "pending",
         "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "hold",
-        "unlearned", "frozen_until", "incident",
+        "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
+        "spread_incident",
     )
 
     def __init__(self, w: WindowSummary, p: _Params):
@@ -100,7 +102,16 @@ class KeyState:
         # Page-Hinkley saw the key drift down: learn nothing until then, so a slow ramp
         # is measured against where it started rather than followed.
         self.frozen_until = -1
+        self.frozen_obs: list[float] = []  # what the key did while frozen
         self.incident: str | None = None
+        # The ranks' spread: the smallest relative exec of a group (the rank the others
+        # waited for). Its own baseline learns a job's usual skew; a sustained drop of it
+        # by straggler_score is a straggler even where the median busbw barely moves
+        # (two ranks: the median mixes the waiting rank and the late one).
+        self.spread = RatioBaseline(**p.baseline)
+        self.spread_rule = SustainedRule(**p.spread_rule)
+        self.spread_unlearned: list[float] = []
+        self.spread_incident: str | None = None
 
     @property
     def warm(self) -> bool:
@@ -142,7 +153,12 @@ class KeyState:
             "hold": [list(h) for h in self.hold],
             "unlearned": list(self.unlearned),
             "frozen_until": self.frozen_until,
+            "frozen_obs": list(self.frozen_obs),
             "incident": self.incident,
+            "spread": self.spread.to_state(),
+            "spread_rule": self.spread_rule.to_state(),
+            "spread_unlearned": list(self.spread_unlearned),
+            "spread_incident": self.spread_incident,
         }
 
     @classmethod
@@ -170,6 +186,11 @@ class KeyState:
         obj.hold = [list(h) for h in st["hold"]]
         obj.unlearned = list(st["unlearned"])
         obj.frozen_until = st["frozen_until"]
+        obj.frozen_obs = list(st["frozen_obs"])
+        obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
+        obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
+        obj.spread_unlearned = list(st["spread_unlearned"])
+        obj.spread_incident = st["spread_incident"]
         obj.incident = st["incident"]
         return obj
 
@@ -214,6 +235,12 @@ class _Params:
             "recover": cfg.recover_windows,
         }
         self.straggler = {"threshold": cfg.straggler_score, "sustain": cfg.sustain_windows}
+        self.spread_rule = {
+            "threshold": cfg.straggler_score,
+            "sustain": cfg.sustain_windows,
+            "recover_threshold": cfg.straggler_score / 2,
+            "recover": cfg.recover_windows,
+        }
 
 
 class Pipeline:
@@ -446,8 +473,12 @@ class Pipeline:
             if rank_host.get(r.rank) != r.host:
                 rank_host[r.rank] = r.host
         ks.host = h0 if single_host else None
+        spread = None
         if n >= 2:
-            ks.straggler.learn_one(_aligned_exec(recs, n))
+            rel = relative_exec(_aligned_exec(recs, n))
+            if rel:
+                ks.straggler.learn_relative(rel)
+                spread = min(rel.values())
 
         base = ks.baseline
         lb = base.log_baseline
@@ -462,7 +493,7 @@ class Pipeline:
                 degraded = (lb - math.log(obs)) / base.rel_sigma >= self.z_min
             if base.warm:
                 ks.drift.update(math.log(obs) - lb)
-                if ks.drift.drift_detected:
+                if ks.drift.drift_detected and end > ks.frozen_until:
                     ks.frozen_until = end + self.drift_freeze_windows * ks.window_ns
         rule = ks.rule
         was_firing = rule.firing
@@ -497,17 +528,30 @@ class Pipeline:
             elif end <= ks.frozen_until:
                 ks.unlearned = []
                 base.learn_one(obs, level=False)
+                if len(ks.frozen_obs) < self.drift_freeze_windows:
+                    ks.frozen_obs.append(obs)
             else:
+                if ks.frozen_obs:
+                    # The freeze ran out without a degradation: the drift stayed under
+                    # the threshold, so where it settled is the new normal (else the
+                    # key would sit just under the threshold, one wobble from alerting).
+                    fo = sorted(ks.frozen_obs)
+                    base.relevel(fo[len(fo) // 2])
+                    ks.frozen_obs = []
                 if ks.unlearned:
                     for o in ks.unlearned:
                         base.learn_one(o)
                     ks.unlearned = []
                 base.learn_one(obs)
-        elif ks.unlearned:
+        else:
             ks.unlearned = []
+            ks.frozen_obs = []
         ks.last_end_ns = end
         ks.last_effect = effect
         ks.last_observed = obs
+        spread_transition, spread_effect = None, 0.0
+        if spread is not None:
+            spread_transition, spread_effect = self._spread_window(ks, max(spread, MIN_REL), start)
         if self.observer is not None:
             ex = sorted([r.exec_ns_p50 for r in recs])
             self.observer.key_window(job.job, ks, obs, b, effect, ex[mid], end)
@@ -515,6 +559,81 @@ class Pipeline:
             self._key_fired(job, ks, out)
         elif transition == RESOLVE:
             self._key_resolved(job, ks, rule.end_ns, out)
+        if spread_transition == FIRE:
+            self._spread_fired(job, ks, spread_effect, out)
+        elif spread_transition == RESOLVE:
+            self._spread_resolved(job, ks, out)
+
+    def _spread_window(self, ks: KeyState, spread: float, start: int) -> tuple[str | None, float]:
+        """The ranks' spread of one group through its own baseline and sustained rule."""
+        sb = ks.spread
+        lb = sb.log_baseline
+        effect = 0.0
+        degraded = False
+        if lb is not None:
+            effect = 1.0 - spread / math.exp(lb)
+            if effect >= self.cfg.straggler_score:
+                degraded = (lb - math.log(spread)) / sb.rel_sigma >= self.z_min
+        rule = ks.spread_rule
+        transition = rule.update(effect, start, degraded)
+        if transition is None and not rule.firing:
+            if degraded:
+                ks.spread_unlearned.append(spread)
+            else:
+                for v in ks.spread_unlearned:
+                    sb.learn_one(v)
+                ks.spread_unlearned = []
+                sb.learn_one(spread)
+        elif ks.spread_unlearned:
+            ks.spread_unlearned = []
+        return transition, effect
+
+    def _spread_fired(self, job: JobState, ks: KeyState, spread_effect: float, out: list) -> None:
+        """A sustained drop of the ranks' spread: a straggler, if one rank explains it."""
+        sc = ks.straggler
+        rank = sc.low_rank
+        if rank is None or sc.low_streak < max(1, self.cfg.sustain_windows - 1):
+            return  # the fastest rank keeps changing: jitter, not one late rank
+        host = ks.rank_host.get(rank)
+        scores = sorted(sc.rank_scores().items(), key=lambda kv: -kv[1])[:5]
+        v = Verdict(
+            "straggler", "straggler", scope=host if host is not None else f"{ks.comm}/{rank}",
+            host=host, rank=rank,
+            evidence={"rank_scores": [[r, round(s, 4)] for r, s in scores], "comm": ks.comm,
+                      "spread_effect": round(spread_effect, 6)},
+        )
+        member = (*ks.tuple, "spread")
+        inc = job.find("straggler", v.scope)
+        start = ks.spread_rule.start_ns if ks.spread_rule.start_ns is not None else job.watermark
+        b = ks.baseline.baseline
+        if inc is None:
+            inc = self._open(job, v, start, ks)
+            inc.trigger = member
+            inc.add_window(max(ks.last_effect, 0.0), ks.last_observed, b, True)
+            inc.members.append(member)
+            inc.n_members += 1
+            inc.listed.append({**ks.describe(), "effect": round(ks.last_effect, 6)})
+            self._set_throughput(job, inc)
+            self._emit(inc.event("firing", job.watermark), out)
+        elif member not in inc.members:
+            inc.members.append(member)
+            inc.n_members += 1
+            if len(inc.listed) < MAX_LISTED_KEYS:
+                inc.listed.append({**ks.describe(), "effect": round(ks.last_effect, 6)})
+        ks.spread_incident = inc.id
+
+    def _spread_resolved(self, job: JobState, ks: KeyState, out: list) -> None:
+        inc = job.incidents.get(ks.spread_incident) if ks.spread_incident else None
+        ks.spread_incident = None
+        if inc is None:
+            return
+        member = (*ks.tuple, "spread")
+        if member in inc.members:
+            inc.members.remove(member)
+        end = ks.spread_rule.end_ns if ks.spread_rule.end_ns is not None else job.watermark
+        inc.end_ns = max(inc.end_ns or end, end)
+        if not inc.members:
+            self._resolve(job, inc, out)
 
     # --- incidents from keys ------------------------------------------------------
 
@@ -666,11 +785,14 @@ class Pipeline:
             if inc.type not in COMM_TYPES:
                 continue
             for gk in list(inc.members):
-                ks = job.keys.get(gk)
+                ks = job.keys.get(gk[:4])
                 if ks is not None and now - ks.last_end_ns <= self._timeout_ns:
                     continue
                 last = ks.last_end_ns if ks is not None else now
-                if ks is not None:
+                if ks is not None and len(gk) > 4:
+                    ks.spread_rule.force_resolve(last)
+                    ks.spread_incident = None
+                elif ks is not None:
                     ks.rule.force_resolve(last)
                     ks.incident = None
                     ks.hold = []
@@ -726,13 +848,17 @@ class Pipeline:
         for ks in job.keys.values():
             if ks.rule.firing:
                 ks.rule.force_resolve(ks.last_end_ns)
+            if ks.spread_rule.firing:
+                ks.spread_rule.force_resolve(ks.last_end_ns)
             ks.incident = None
+            ks.spread_incident = None
             ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
             ks.hold = []
         tp = job.throughput
         if tp.rule.firing:
             tp.rule.force_resolve(tp.ts_ns)
         tp.pending_fire = None
+        tp.clear = 0
         job.tp_suppressed = False
         for inc in list(job.incidents.values()):
             if inc.end_ns is None:
@@ -749,8 +875,15 @@ class Pipeline:
             self.last_end_ns = rec.ts_ns
         if job.silent and rec.ts_ns > job.watermark:
             job.silent = False
-        for ts, value in job.throughput.add(rec):
-            self._step(job, ts, value, out)
+        tp = job.throughput
+        steps = tp.add(rec)
+        if steps:
+            if self.observer is not None:
+                for _, value in steps:
+                    self.observer.throughput(job.job, value)
+            w = job.window_ns or DEFAULT_WINDOW_NS
+            for end, value in tp.windows(steps, w):
+                self._step(job, end - w, end, value, out)
 
     def _comm_trouble(self, job: JobState) -> bool:
         if any(inc.type in COMM_TYPES for inc in job.incidents.values()):
@@ -761,16 +894,15 @@ class Pipeline:
             degraded_now(ks) and now - ks.last_end_ns <= recent for ks in job.keys.values()
         )
 
-    def _step(self, job: JobState, ts: int, value: float, out: list) -> None:
+    def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
+        """One completed throughput window ``[start, end)`` with its mean TFLOP/s."""
         cfg = self.cfg
         tp = job.throughput
-        if self.observer is not None:
-            self.observer.throughput(job.job, value)
         base = tp.baseline
         effect = base.score_one(value)
         degraded = effect >= cfg.throughput_drop and base.zscore(value) >= self.z_min
         was_firing = tp.rule.firing
-        transition = tp.rule.update(effect, ts, degraded)
+        transition = tp.rule.update(effect, start, degraded)
         trouble = self._comm_trouble(job)
         if transition is None and not tp.rule.firing and not trouble:
             if degraded:
@@ -786,14 +918,26 @@ class Pipeline:
         if was_firing and tinc is not None:
             tinc.add_window(effect, None, None, False)
         if transition == FIRE:
-            tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else ts
-            tp.fire_ts = ts
+            tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else start
+            tp.fire_ts = end
         elif transition == RESOLVE:
             job.tp_suppressed = False
             tp.pending_fire = None
+            tp.clear = 0
             if tinc is not None:
                 tinc.end_ns = tp.rule.end_ns
                 self._resolve(job, tinc, out)
+        elif job.tp_suppressed and tp.rule.firing and tinc is None and tp.pending_fire is None:
+            # A drop a comm anomaly explained: "not NCCL" only if it outlasts NCCL's
+            # trouble by sustain_windows windows of its own.
+            if degraded and not trouble:
+                if not tp.clear:
+                    tp.clear_start = start
+                tp.clear += 1
+                if tp.clear >= cfg.sustain_windows:
+                    tp.pending_fire, tp.fire_ts, tp.clear = tp.clear_start, end, 0
+            else:
+                tp.clear = 0
         self._decide_throughput_drop(job, out)
         for inc in list(job.incidents.values()):
             if inc.type in COMM_TYPES and self._set_throughput(job, inc):
@@ -825,9 +969,9 @@ class Pipeline:
         if not ready:
             return
         if self._comm_trouble(job):
-            # A comm anomaly carries the loss; look again at the next step, as the drop
-            # may outlast it (then it is not NCCL's any more).
+            # A comm anomaly carries the loss. If the drop outlasts it, _step re-arms.
             job.tp_suppressed = True
+            tp.pending_fire = None
             return
         start = tp.pending_fire
         tp.pending_fire = None

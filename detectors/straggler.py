@@ -13,9 +13,12 @@ still separates the two ranks of a 2-rank communicator.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from river import base
+
+MIN_REL = 1e-6  # a rank with a zero exec time still has a finite log score
 
 
 def relative_exec(x: dict[int, float]) -> dict[int, float]:
@@ -54,7 +57,10 @@ class StragglerScorer(base.Base):
     ``learn_one(x)`` takes ``{rank: exec_ns}`` for one group (the same op instances on
     every rank, e.g. one window's p50 per rank). ``rank_scores()`` gives each rank's
     score, ``1 - EW(relative exec)``: high means the others keep waiting for that rank.
-    ``score_one(x)`` is the score of the most straggling rank in ``x`` alone.
+    ``score_one(x)`` is the score of the most straggling rank in ``x`` alone. The EW mean
+    is geometric (of the log): with two ranks one waiting 400x longer than the other
+    (measured on H200s), an arithmetic mean would take dozens of windows to notice the
+    roles swap.
 
     Parameters
     ----------
@@ -111,7 +117,7 @@ class StragglerScorer(base.Base):
         self._reset()
 
     def _reset(self) -> None:
-        self._rel: dict[int, float] = {}  # rank -> EW relative exec
+        self._rel: dict[int, float] = {}  # rank -> EW of log relative exec
         self._low_rank: int | None = None  # fastest-finishing rank of the current run
         self._low_streak = 0
 
@@ -120,19 +126,23 @@ class StragglerScorer(base.Base):
         return 1.0 - min(rel.values()) if rel else 0.0
 
     def learn_one(self, x: dict[int, float]) -> None:
-        rel = relative_exec(x)
+        self.learn_relative(relative_exec(x))
+
+    def learn_relative(self, rel: dict[int, float]) -> None:
+        """Learn one group given as :func:`relative_exec` of it (saves computing it twice)."""
         if not rel:
             return
         a = self.fading_factor
         ew = self._rel
         for r, v in rel.items():
+            lv = math.log(max(v, MIN_REL))
             old = ew.get(r)
             if old is None:
                 if len(ew) >= self.max_ranks:
                     del ew[next(iter(ew))]
-                ew[r] = 1.0 + a * (v - 1.0)
+                ew[r] = a * lv
             else:
-                ew[r] = old + a * (v - old)
+                ew[r] = old + a * (lv - old)
         low = min(rel, key=rel.__getitem__)
         if rel[low] <= 1.0 - self.margin:
             if low == self._low_rank:
@@ -143,25 +153,35 @@ class StragglerScorer(base.Base):
             self._low_rank, self._low_streak = None, 0
 
     def rank_scores(self) -> dict[int, float]:
-        return {r: 1.0 - v for r, v in self._rel.items()}
+        return {r: 1.0 - math.exp(v) for r, v in self._rel.items()}
 
     def relative(self) -> dict[int, float]:
-        """EW relative exec per rank (1.0 = like the others)."""
-        return dict(self._rel)
+        """EW (geometric) relative exec per rank (1.0 = like the others)."""
+        return {r: math.exp(v) for r, v in self._rel.items()}
+
+    @property
+    def low_rank(self) -> int | None:
+        """The rank that has been the fastest to finish for the last ``low_streak`` groups."""
+        return self._low_rank
+
+    @property
+    def low_streak(self) -> int:
+        return self._low_streak
 
     def straggler(self, effect: float = 0.0) -> int | None:
         """The straggling rank, or None.
 
         A rank is the straggler when it has been the fastest-finishing rank by more than
-        ``margin`` for ``sustain`` groups and either its EW relative exec is below
+        ``margin`` for ``sustain - 1`` groups (the first group of a fault is often only
+        partly affected) and either its EW relative exec is below
         ``1 - threshold`` (NVRx's rule) or it accounts for at least half of the
         key's observed loss ``effect`` (a straggler costing 15 % leaves the late rank at
         ~0.85 while a uniform slowdown leaves every rank at ~1.0).
         """
         r = self._low_rank
-        if r is None or self._low_streak < self.sustain:
+        if r is None or self._low_streak < max(1, self.sustain - 1):
             return None
-        v = self._rel.get(r, 1.0)
+        v = math.exp(self._rel.get(r, 0.0))
         if v < 1.0 - self.threshold or v <= 1.0 - max(self.margin, effect / 2.0):
             return r
         return None

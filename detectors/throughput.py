@@ -2,7 +2,10 @@
 
 Throughput records arrive per step, from one reporter (``rank == -1``) or from several
 ranks; the ranks' reports of one step are averaged. A step is complete when a job-level
-record arrives or when a later step shows up. The completed series feeds:
+record arrives or when a later step shows up. Completed steps are averaged per window
+(the comm windows' length), so "sustained for N windows" means the same stream time for
+throughput as for bus bandwidth whether a step takes 80 ms or 10 s (a window without a
+step is skipped). The window series feeds:
 
 - a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth:
   the pipeline holds degraded steps back and never feeds it a sustained drop);
@@ -45,7 +48,7 @@ class ThroughputTracker:
 
     __slots__ = (
         "cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last", "unlearned",
-        "pending_fire", "fire_ts",
+        "pending_fire", "fire_ts", "win_start", "win_sum", "win_n", "clear", "clear_start",
     )
 
     def __init__(self, cfg: DetectorConfig):
@@ -60,7 +63,13 @@ class ThroughputTracker:
         self.last: float | None = None  # latest completed step's TFLOP/s
         self.unlearned: list[float] = []  # a degraded streak held back from the baseline
         self.pending_fire: int | None = None  # start of a drop waiting for its windows
-        self.fire_ts = 0  # the step that completed it
+        self.fire_ts = 0  # the end of the window that completed it
+        # After a comm anomaly carried a drop: degraded windows since NCCL is healthy again
+        self.clear = 0
+        self.clear_start = 0
+        self.win_start = -1  # the window being averaged
+        self.win_sum = 0.0
+        self.win_n = 0
 
     def add(self, rec: ThroughputRecord) -> list[tuple[int, float]]:
         """Account one record; return the steps it completed as ``(ts_ns, tflops)``."""
@@ -76,6 +85,24 @@ class ThroughputTracker:
         self.ts_ns = max(self.ts_ns, rec.ts_ns)
         if rec.rank == -1:
             out.append(self._complete())
+        return out
+
+    def windows(self, steps: list[tuple[int, float]], window_ns: int) -> list[tuple[int, float]]:
+        """Average completed steps per window; return completed windows ``(end_ns, mean)``.
+
+        A window completes when a step of a later window arrives.
+        """
+        out = []
+        for ts, value in steps:
+            start = ts - ts % window_ns
+            if start > self.win_start:
+                if self.win_n:
+                    out.append((self.win_start + window_ns, self.win_sum / self.win_n))
+                self.win_start, self.win_sum, self.win_n = start, 0.0, 0
+            elif start < self.win_start:
+                continue  # a step from an already closed window
+            self.win_sum += value
+            self.win_n += 1
         return out
 
     def _complete(self) -> tuple[int, float]:
@@ -114,6 +141,8 @@ class ThroughputTracker:
             "unlearned": list(self.unlearned),
             "pending_fire": self.pending_fire,
             "fire_ts": self.fire_ts,
+            "win": [self.win_start, self.win_sum, self.win_n],
+            "clear": [self.clear, self.clear_start],
         }
 
     @classmethod
@@ -127,4 +156,6 @@ class ThroughputTracker:
         obj.unlearned = list(state["unlearned"])
         obj.pending_fire = state["pending_fire"]
         obj.fire_ts = state["fire_ts"]
+        obj.win_start, obj.win_sum, obj.win_n = state["win"]
+        obj.clear, obj.clear_start = state["clear"]
         return obj

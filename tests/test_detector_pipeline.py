@@ -370,3 +370,34 @@ def test_a_job_with_only_throughput_records_is_also_forgotten_when_silent():
     p.job_evict_s = 30
     p.advance((T0 + 100) * S)
     assert p.jobs() == []
+
+
+def test_a_late_rank_of_two_is_found_by_the_spread_when_the_median_barely_moves():
+    # Measured on two H200s: before the fault rank 0 arrives ~0.5 ms late (rank 1 waits),
+    # during it rank 1 arrives 17 ms late (rank 0 waits). The median of two ranks' busbw
+    # (their mean) moves by 8 %: only the ranks' spread shows the straggler.
+    p = Pipeline(CFG)
+
+    def make(t):
+        late1 = 20 <= t < 40
+        ex = {0: 17_000_000 if late1 else 36_000, 1: 37_000 if late1 else 500_000}
+        return [win(t, r, 4.2e6 / ex[r], comm=NV, transport="nvlink", op="AllReduce",
+                    bucket="4MiB", exec_ns=ex[r], host="vm") for r in (0, 1)]
+
+    events = feed(p, range(60), make)
+    assert [(e.type, e.state, e.rank, e.host) for e in events] == [
+        ("straggler", "firing", 1, "vm"), ("straggler", "resolved", 1, "vm")]
+    assert s(events[0].detected_ns) <= 24 and events[0].evidence["spread_effect"] > 0.9
+    assert abs(events[0].effect) < 0.1  # the busbw median barely moved
+
+
+def test_a_throughput_drop_that_outlasts_its_comm_anomaly_is_reported_after_it():
+    p = Pipeline(CFG)
+    events = feed(p, range(80), lambda t: [
+        *two_ranks(lambda t: 28.0 if 20 <= t < 35 else 40.0)(t),
+        tp(t, 250.0 if 20 <= t < 60 else 310.0)])
+    assert [(e.type, e.state) for e in events] == [
+        ("network_path", "firing"), ("network_path", "resolved"),
+        ("throughput_drop", "firing"), ("throughput_drop", "resolved")]
+    drop = events[2]
+    assert 35 <= s(drop.start_ns) <= 40 and drop.evidence["after_comm_anomaly"] is True
