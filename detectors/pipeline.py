@@ -283,7 +283,11 @@ class Pipeline:
 
     lateness_windows = 2  # how long an incomplete rank group waits, in windows, at first
     max_lateness_windows = 8  # the most it will wait for a lagging forwarder
-    drift_freeze_windows = 60  # a key drifting down learns nothing for this long
+    # A key drifting down learns nothing for this long: enough for a ramp to cross the
+    # threshold against where it started (0 -> 30 % in 120 s is caught as with 60), short
+    # enough that a drift staying under it soon becomes the new normal (on the recorded
+    # straggler run, 60 turned a 10-15 % post-fault drift of a socket comm into an alert).
+    drift_freeze_windows = 30
     z_min = 3.0  # a window is degraded only if also this many noise sigmas low
     job_evict_s = 3600.0  # a job silent this long (advance) is forgotten
 

@@ -79,11 +79,8 @@ RULES = """## How it is scored
   report is a `straggler` on host `vm` at +2.0 s (the socket communicator's rank 1 is
   the process sharing GPU 1 with the straggler; the NVLink AllReduce, where the peer
   waits 17 ms per op, joins the same incident through the ranks' spread). That anomaly
-  stays open after the fault ends because the socket communicator's bus bandwidth stays
-  5–18 % under its early-run level, and at +46 s its ReduceScatter, 14 % under that
-  level for three windows, is reported as `network_path` (warning; the job's TFLOP/s
-  were fine), which no label covers: a false positive by these rules, a real but
-  small drift in the recording.
+  stays open after the fault ends: the socket AllReduce's bus bandwidth stays 1–18 %
+  under its early-run level and never has the three windows under 5 % that resolve it.
 - Slow drifts are partly absorbed: Page-Hinkley freezes the baseline when the residuals
   drift down, which is what catches `network_slow_ramp_2x2` (0 → 30 % over 120 s) a few
   seconds after it crosses 10 %; a drift much slower than that (a few % per minute)
