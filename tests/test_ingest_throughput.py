@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import threading
 from pathlib import Path
 
@@ -79,10 +78,11 @@ class _nothing:
         return False
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
-def test_read_only_directory_never_raises(tmp_path):
-    (tmp_path / "j").mkdir()
-    (tmp_path / "j").chmod(stat.S_IRUSR | stat.S_IXUSR)
+def test_full_disk_never_raises_and_is_counted(tmp_path):
+    # /dev/full answers every write with ENOSPC, for root too: a full disk without filling one.
+    target = Path(throughput.spool_path(str(tmp_path), "j", socket.gethostname(), os.getpid()))
+    target.parent.mkdir(parents=True)
+    target.symlink_to("/dev/full")
     before = throughput.errors_total
     throughput.report_throughput(1.0, 0, spool_dir=str(tmp_path), job="j")
     assert throughput.errors_total == before + 1
