@@ -227,14 +227,22 @@ def check_congestion(events: list[dict], measured_drop: float) -> float:
 
 
 def check_straggler(events: list[dict]) -> float:
-    """A straggler anomaly naming the straggling rank of the NVLink communicator."""
+    """A straggler anomaly naming a process on the straggling GPU, soon after the fault began.
+
+    Two processes share GPU 1: the injected straggler (rank 1 of the NVLink communicator,
+    the required label) and rank 1 of the socket communicator, which the extra compute on
+    that GPU made late too (the optional label). Naming either names GPU 1; naming any
+    rank of GPU 0 would be wrong.
+    """
+    on_gpu1 = {(lb.comm, lb.rank) for lb in labels("straggler").labels}
     (lb,) = required("straggler")
     strag = firing([e for e in events if e["type"] == "straggler"])
     assert strag, events
-    assert {(e["key"]["comm"], e["rank"]) for e in strag} == {(lb.comm, lb.rank)}
+    assert {(e["key"]["comm"], e["rank"]) for e in strag} <= on_gpu1
     assert all(e["attribution"] == "straggler" and e["host"] == lb.host for e in strag)
     delay_s = (strag[0]["detected_ns"] - lb.start_ns) / 1e9
-    assert 0 <= delay_s <= (lb.end_ns - lb.start_ns) / 1e9  # reported while it lasts
+    # 3 sustained windows + 1 partial + 2 of lateness, as for congestion.
+    assert 0 <= delay_s <= 6.0
     return delay_s
 
 
@@ -290,8 +298,8 @@ def test_eval_finds_every_labelled_fault_and_no_false_alarm(watch_events, tmp_pa
 # -- 3. forwarder windows, Kafka, Faust worker ---------------------------------------------
 
 def _in_time_order(names) -> list:
-    """The recordings as a live forwarder publishes them: windows as they close, throughput
-    and telemetry as they come, all in record-time order (the same Windower as forward)."""
+    """The reference: the recordings' windows as the Windower makes them from ops in
+    record-time order (and the other records), to compare the forwarder's windows with."""
     from ncclwatch.ingest.windows import Windower
 
     windower = Windower(CFG.ingest.window_s)
@@ -306,13 +314,12 @@ def _in_time_order(names) -> list:
 
 @pytest.fixture(scope="module")
 def pipeline(kafka_bootstrap, tmp_path_factory) -> dict:
-    """The recordings through ``ncclwatch forward --once`` (its windows) and, published in
-    a live forwarder's order, through one ``ncclwatch worker`` on fresh topics."""
+    """The recordings through ``ncclwatch forward --once`` into fresh topics, and what
+    the forwarder published there through one ``ncclwatch worker``."""
     from drivers_support import (
         WorkerProcess,
         config_of,
         create_topics,
-        publish,
         read_events,
         read_topic,
         topics_env,
@@ -341,13 +348,11 @@ def pipeline(kafka_bootstrap, tmp_path_factory) -> dict:
     forwarded = read_topic(kafka_bootstrap, config_of(fwd_env).topics.windows,
                            min_count=len(windows), idle_s=2.0, timeout_s=120)
 
-    env = topics_env(kafka_bootstrap)
-    create_topics(env)
-    publish(env, records)
+    # The worker reads what the forwarder published, in the order it published it.
     expected = sum(len(v) for v in _reference(tmp).values())
-    worker = WorkerProcess(env, testing.unique_name("gpu"), tmp).start()
+    worker = WorkerProcess(fwd_env, testing.unique_name("gpu"), tmp).start()
     try:
-        events = read_events(env, min_count=expected, idle_s=5.0, timeout_s=180)
+        events = read_events(fwd_env, min_count=expected, idle_s=5.0, timeout_s=180)
     finally:
         worker.stop()
     by_job: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
