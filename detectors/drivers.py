@@ -167,11 +167,12 @@ class JobDetectors:
             p.observer = self._observer
         return p
 
-    def process(self, record: Any, group: int = 0) -> list[AnomalyEvent]:
+    def process(self, record: Any, group: int = 0, t_ns: int | None = None) -> list[AnomalyEvent]:
+        """Detect on one record (``t_ns``: its stream time, if the caller has it)."""
         job = record.job
         self.group_of[job] = group
         events = self.pipeline(job).process(record)
-        t = record_time_ns(record)
+        t = record_time_ns(record) if t_ns is None else t_ns
         if t > self.stream_ns.get(group, -1):
             self.stream_ns[group] = t
             if t >= self._next_tick_ns.get(group, -1):
@@ -473,9 +474,25 @@ class Message:
     timestamp_ms: int | None = None
 
 
-def dead_letter(msg: Message, stage: str, reason: str, detail: str) -> Quarantined:
-    """A message that cannot be used, with why and where it came from."""
-    raw = (msg.value or b"")[:4096].decode("utf-8", errors="replace")
+def message_lines(value: bytes) -> list[bytes]:
+    """The records of one message: one JSON line, or several (JSON Lines).
+
+    The forwarder packs many op records into one message (``--ops-per-message``) and a
+    producer may pack windows the same way, which is what makes Kafka and Faust cheap
+    per record; every input of the worker and of replay accepts both.
+
+    >>> message_lines(b'{"a":1}'), message_lines(b'{"a":1}\\n{"b":2}\\n')
+    ([b'{"a":1}'], [b'{"a":1}', b'{"b":2}'])
+    """
+    if b"\n" not in value:
+        return [value]
+    return [line for line in value.split(b"\n") if line]
+
+
+def dead_letter(msg: Message, stage: str, reason: str, detail: str, raw_line: bytes | None = None) -> Quarantined:
+    """A message (or one line of it) that cannot be used, with why and where it came from."""
+    raw = (msg.value if raw_line is None else raw_line) or b""
+    raw = raw[:4096].decode("utf-8", errors="replace")
     return Quarantined(
         stage=stage,
         reason=reason,
@@ -486,21 +503,26 @@ def dead_letter(msg: Message, stage: str, reason: str, detail: str) -> Quarantin
     )
 
 
-def decode_message(msg: Message, allowed: tuple[type, ...], *, key_is_job: bool = True) -> Any:
-    """The message's record, or a :class:`Quarantined` saying why it is not usable here.
+def decode_message(
+    msg: Message, allowed: tuple[type, ...], *, key_is_job: bool = True, line: bytes | None = None
+) -> Any:
+    """The message's record (or that of ``line`` of it), or a :class:`Quarantined` saying
+    why it is not usable here.
 
     Besides the record contract, a topic has its own: only some kinds belong on it, and
     its key is the record's job, which is what puts a whole job on one partition (a
     record on the wrong partition would split the job's state across workers).
     """
-    if msg.value is None:
+    raw = msg.value if line is None else line
+    if raw is None:
         return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
-    rec = parse_line(msg.value, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
+    rec = parse_line(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
     if isinstance(rec, Quarantined):
         return rec
     if not isinstance(rec, allowed):
         kinds = ", ".join(sorted(c.KIND for c in allowed))
-        return dead_letter(msg, "schema", "schema", f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})")
+        detail = f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})"
+        return dead_letter(msg, "schema", "schema", detail, raw)
     if key_is_job and msg.key is not None and msg.key != rec.job.encode("utf-8"):
         return dead_letter(
             msg,
@@ -508,6 +530,7 @@ def decode_message(msg: Message, allowed: tuple[type, ...], *, key_is_job: bool 
             "schema",
             f"message key {msg.key[:200]!r} is not the record's job {rec.job!r}: "
             "the job would be split across partitions",
+            raw,
         )
     return rec
 
@@ -602,11 +625,7 @@ class TimeMerge:
         """(bound from live inputs, bound including stuck ones) for one group."""
         live = stuck = 1 << 62
         bounds = [(t, m) for _, (b, t, m) in self._external.items() if b]
-        bounds += [
-            (self._last_t[tp], self._moved[tp])
-            for tp in tps
-            if self._behind.get(tp) and not self._queues[tp]
-        ]
+        bounds += [(self._last_t[tp], self._moved[tp]) for tp in tps if self._behind.get(tp) and not self._queues[tp]]
         for t, moved in bounds:
             stuck = min(stuck, t)
             if now - moved <= self.max_hold_s:
@@ -660,17 +679,18 @@ class BatchOutcome:
 class StreamCore:
     """The worker's logic for batches of messages, without Faust.
 
-    State per job is ``{"v", "pipeline", "offsets"}``: the pipeline's own state and, per
-    input ``topic/partition``, the last offset folded into it. The worker saves it after
-    every batch and only then acknowledges the batch's messages, so Kafka's committed
-    offsets never pass the saved state. After a crash the messages since the last commit
-    come again; those the saved state already holds are skipped by offset, the rest are
-    processed as if for the first time. The pipeline is deterministic, so what is
-    emitted again is what was emitted before.
+    State per job is ``{"v", "pipeline", "positions"}``: the pipeline's own state and,
+    per input ``topic/partition``, the position of the last record folded into it
+    (``offset << 20 | line``: a message may hold several records). The worker saves the
+    states touched by a batch and only then acknowledges the messages the batch
+    finished, so Kafka's committed offsets never pass the saved state. After a crash the
+    messages since the last commit come again; records the saved state already holds
+    are skipped by position, the rest are processed as if for the first time. The
+    pipeline is deterministic, so what is emitted again is what was emitted before.
 
     Records go through a :class:`TimeMerge` first, so what the topics deliver in no
-    particular order between them is detected in record-time order; held messages are
-    neither processed nor acknowledged until the merge lets them go.
+    particular order between them is detected in record-time order; a message is
+    finished (``done``) when the merge has let all its records go.
 
     Parameters
     ----------
@@ -682,6 +702,8 @@ class StreamCore:
         The time merge (default: :class:`TimeMerge` with its defaults).
     """
 
+    LINE_BITS = 20  # records per message < 2**20: a Kafka message is at most ~1 MB
+
     def __init__(
         self,
         detectors: JobDetectors,
@@ -691,27 +713,29 @@ class StreamCore:
         self.detectors = detectors
         self.load_state = load_state
         self.merge = merge or TimeMerge()
-        self.offsets: dict[str, dict[str, int]] = {}
+        self.positions: dict[str, dict[str, int]] = {}
         self.partition_of: dict[str, int] = {}
+        self._remaining: dict[tuple[str, int, int], int] = {}  # message -> records held
 
     def _ensure(self, job: str) -> dict[str, int]:
-        offsets = self.offsets.get(job)
-        if offsets is None or job not in self.detectors.pipelines:
+        positions = self.positions.get(job)
+        if positions is None or job not in self.detectors.pipelines:
             saved = self.load_state(job)
             if saved:
                 self.detectors.restore_job(job, saved["pipeline"])
-                offsets = dict(saved.get("offsets", {}))
+                positions = dict(saved.get("positions", {}))
             else:
                 self.detectors.forget(job)
-                offsets = {}
-            self.offsets[job] = offsets
-        return offsets
+                positions = {}
+            self.positions[job] = positions
+        return positions
 
     def forget(self) -> None:
         """Drop every cached job and held message (on rebalance: they come again)."""
         self.detectors.forget()
-        self.offsets.clear()
+        self.positions.clear()
         self.merge.clear()
+        self._remaining.clear()
 
     def handle(
         self,
@@ -727,37 +751,63 @@ class StreamCore:
         """
         kinds = kinds or {}
         out = BatchOutcome()
+        merge_add = self.merge.add
         for msg in messages:
-            rec = decode_message(msg, kinds.get(msg.topic, DETECTOR_KINDS))
-            if isinstance(rec, Quarantined):
-                out.dead_letters.append((msg, rec))
-                out.done.append(msg)
+            allowed = kinds.get(msg.topic, DETECTOR_KINDS)
+            lines: list[bytes | None] = [None] if msg.value is None else message_lines(msg.value)
+            tp = (msg.topic, msg.partition)
+            where = f"{msg.topic}/{msg.partition}"
+            held = 0
+            for i, line in enumerate(lines):
+                rec = decode_message(msg, allowed, line=line)
+                if isinstance(rec, Quarantined):
+                    out.dead_letters.append((msg, rec))
+                else:
+                    t = record_time_ns(rec)
+                    merge_add(tp, msg.partition, t, (msg, i, rec, t, where))
+                    held += 1
+            if held:
+                self._remaining[(msg.topic, msg.partition, msg.offset)] = held
             else:
-                tp = (msg.topic, msg.partition)
-                self.merge.add(tp, msg.partition, record_time_ns(rec), (msg, rec))
+                out.done.append(msg)
         for tp, b in (behind or {}).items():
             self.merge.progress(tp, b)
         touched: set[str] = set()
-        for msg, rec in self.merge.release():
-            out.done.append(msg)
+        remaining = self._remaining
+        process = self.detectors.process
+        pipelines = self.detectors.pipelines
+        max_t = out.max_record_time_ns
+        for msg, i, rec, t, where in self.merge.release():
+            key = (msg.topic, msg.partition, msg.offset)
+            left = remaining.get(key, 1) - 1
+            if left:
+                remaining[key] = left
+            else:
+                remaining.pop(key, None)
+                out.done.append(msg)
             job = rec.job
-            offsets = self._ensure(job)
-            where = f"{msg.topic}/{msg.partition}"
-            if msg.offset <= offsets.get(where, -1):
+            positions = self.positions.get(job)
+            if positions is None or job not in pipelines:
+                positions = self._ensure(job)
+            pos = msg.offset << self.LINE_BITS | i
+            if pos <= positions.get(where, -1):
                 out.skipped += 1  # already in the saved state: read again after a restart
                 continue
-            offsets[where] = msg.offset
+            positions[where] = pos
             self.partition_of[job] = msg.partition
-            events = self.detectors.process(rec, msg.partition)
-            out.events += events
-            # advance() can change other jobs too: those that emitted something are saved
+            events = process(rec, msg.partition, t)
             touched.add(job)
-            touched.update(ev.job for ev in events)
+            if events:
+                out.events += events
+                # advance() can change other jobs too: those that emitted are saved
+                touched.update(ev.job for ev in events)
             out.records += 1
-            out.max_record_time_ns = max(out.max_record_time_ns, record_time_ns(rec))
+            if t > max_t:
+                max_t = t
+        out.max_record_time_ns = max_t
         for job in self.detectors.evicted:
             # forgotten after an hour of silence: its table entry goes too
-            self.offsets.pop(job, None)
+            self.positions.pop(job, None)
             touched.discard(job)
             if job in self.partition_of:
                 out.states[job] = (self.partition_of.pop(job), None)
@@ -768,7 +818,7 @@ class StreamCore:
             state = {
                 "v": STATE_VERSION,
                 "pipeline": self.detectors.job_state(job),
-                "offsets": dict(self.offsets[job]),
+                "positions": dict(self.positions[job]),
             }
             out.states[job] = (self.partition_of[job], state)
         return out

@@ -45,6 +45,7 @@ from ncclwatch.detectors.drivers import (
     Message,
     StreamCore,
     decode_message,
+    message_lines,
     record_time_ns,
 )
 
@@ -67,6 +68,8 @@ TABLE_NAME = "detector-state"
 # Op records are most of nccl.ops and the worker does not read them: a substring test
 # skips them without a JSON parse (records.to_json writes exactly this, no spaces).
 _OP_MARK = b'"kind":"op"'
+_TELEMETRY_MARKS = (b'"kind":"drop"', b'"kind":"plugin_stats"')
+_OPS_KINDS = (OpRecord, DropRecord, PluginStats)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -421,19 +424,26 @@ class Worker:
         last_t = 1 << 62
         for e in events:
             m = _message(e)
-            if m.value is not None and _OP_MARK in m.value:
-                continue
-            rec = decode_message(m, (OpRecord, DropRecord, PluginStats), key_is_job=False)
-            if isinstance(rec, TELEMETRY_KINDS):
-                fut = await self.telemetry_out.send(
-                    key=rec.job.encode(), value=m.value, timestamp=m.timestamp_ms / 1000
-                )
-                forwarded.append((fut, record_time_ns(rec)))
-                self.stats.telemetry_forwarded += 1
-            elif not isinstance(rec, OpRecord):
-                fut = await self.dead_out.send(key=m.key, value=to_json(rec).encode(), timestamp=m.timestamp_ms / 1000)
-                futures.append(fut)
-                self.stats.dead_letters += 1
+            v = m.value
+            if v is not None and _OP_MARK in v and not any(mark in v for mark in _TELEMETRY_MARKS):
+                continue  # op records only: not read
+            lines: list[bytes | None] = [None] if v is None else message_lines(v)
+            for line in lines:
+                if line is not None and _OP_MARK in line:
+                    continue
+                rec = decode_message(m, _OPS_KINDS, key_is_job=False, line=line)
+                if isinstance(rec, TELEMETRY_KINDS):
+                    fut = await self.telemetry_out.send(
+                        key=rec.job.encode(), value=line, timestamp=m.timestamp_ms / 1000
+                    )
+                    forwarded.append((fut, record_time_ns(rec)))
+                    self.stats.telemetry_forwarded += 1
+                elif isinstance(rec, Quarantined):
+                    fut = await self.dead_out.send(
+                        key=m.key, value=to_json(rec).encode(), timestamp=m.timestamp_ms / 1000
+                    )
+                    futures.append(fut)
+                    self.stats.dead_letters += 1
         if futures or forwarded:
             await asyncio.gather(*futures, *(f for f, _ in forwarded))
         for fut, t_ns in forwarded:
@@ -446,7 +456,7 @@ class Worker:
         if any(behind.values()):
             # how far nccl.ops has been read: the time of the last message of the batch
             # (one parse per batch; op records are otherwise skipped unread)
-            last = parse_line(events[-1].message.value or b"")
+            last = parse_line((message_lines(events[-1].message.value or b"") or [b""])[-1])
             last_t = record_time_ns(last) if not isinstance(last, Quarantined) else -(1 << 62)
         self.core.merge.hold("telemetry", any(behind.values()), last_t)
         self._ops_seen_at = time.monotonic()

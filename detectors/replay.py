@@ -38,6 +38,7 @@ from ncclwatch.detectors.drivers import (
     Pacer,
     ReadStats,
     iter_recording_lines,
+    message_lines,
     opened_recording,
     record_time_ns,
 )
@@ -55,16 +56,10 @@ _CONSUMER = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("source (one kind)")
-    src.add_argument(
-        "--topic", action="append", default=[], metavar="NAME", help="read this Kafka topic"
-    )
-    src.add_argument(
-        "--files", action="append", default=[], metavar="PATH", help="read a recording"
-    )
+    src.add_argument("--topic", action="append", default=[], metavar="NAME", help="read this Kafka topic")
+    src.add_argument("--files", action="append", default=[], metavar="PATH", help="read a recording")
     rng = p.add_argument_group("range")
-    rng.add_argument(
-        "--since", metavar="TIME", help="from this time on (ISO 8601, or epoch s/ms/us/ns)"
-    )
+    rng.add_argument("--since", metavar="TIME", help="from this time on (ISO 8601, or epoch s/ms/us/ns)")
     rng.add_argument("--until", metavar="TIME", help="up to, not including, this time")
     rng.add_argument(
         "--offsets",
@@ -75,25 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(to the end); partitions not named are not read",
     )
     dst = p.add_argument_group("destination (exactly one)")
-    dst.add_argument(
-        "--detect", action="store_true", help="run the detectors in-process, print anomalies"
-    )
-    dst.add_argument(
-        "--events-out", metavar="FILE", help="with --detect: anomaly events as JSON lines"
-    )
-    dst.add_argument(
-        "--out", metavar="FILE", help="write the records as JSON lines (.gz: compressed)"
-    )
+    dst.add_argument("--detect", action="store_true", help="run the detectors in-process, print anomalies")
+    dst.add_argument("--events-out", metavar="FILE", help="with --detect: anomaly events as JSON lines")
+    dst.add_argument("--out", metavar="FILE", help="write the records as JSON lines (.gz: compressed)")
     dst.add_argument("--to-topic", metavar="NAME", help="publish every record to this topic")
-    dst.add_argument(
-        "--to-kafka", action="store_true", help="publish each record to the topic of its kind"
-    )
-    dst.add_argument(
-        "--topic-prefix", default="", help="with --to-kafka: prefix the [topics] names"
-    )
-    dst.add_argument(
-        "--into-live", action="store_true", help="allow publishing into the live [topics] topics"
-    )
+    dst.add_argument("--to-kafka", action="store_true", help="publish each record to the topic of its kind")
+    dst.add_argument("--topic-prefix", default="", help="with --to-kafka: prefix the [topics] names")
+    dst.add_argument("--into-live", action="store_true", help="allow publishing into the live [topics] topics")
     p.add_argument(
         "--speed",
         type=float,
@@ -133,9 +116,7 @@ def parse_time_ns(text: str) -> int:
     try:
         dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time: {text!r} (ISO 8601 or epoch seconds/ms/us/ns)"
-        ) from None
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601 or epoch seconds/ms/us/ns)") from None
     return int(dt.timestamp()) * 10**9 + dt.microsecond * 1000
 
 
@@ -157,9 +138,7 @@ def parse_offsets(text: str) -> OffsetRange:
     """
     m = re.fullmatch(r"(?:(?P<topic>.+):)?(?P<p>\d+):(?P<start>\d+)-(?P<end>\d*)", text.strip())
     if not m:
-        raise argparse.ArgumentTypeError(
-            f"not an offset range: {text!r} (want [TOPIC:]P:START-END)"
-        )
+        raise argparse.ArgumentTypeError(f"not an offset range: {text!r} (want [TOPIC:]P:START-END)")
     end = int(m.group("end")) if m.group("end") else None
     return OffsetRange(m.group("topic"), int(m.group("p")), int(m.group("start")), end)
 
@@ -236,14 +215,11 @@ def read_topics(
                         break
                     if not offsets and not (since_ms <= msg.timestamp < until_ms):
                         continue
-                    item = Item(
-                        msg.value or b"",
-                        msg.timestamp * 10**6,
-                        msg.timestamp,
-                        msg.key,
-                        (tp.topic, tp.partition, msg.offset),
-                    )
-                    items.append(item)
+                    # a message may pack several records (JSON Lines): one item each
+                    for i, line in enumerate(message_lines(msg.value or b"")):
+                        origin = (tp.topic, tp.partition, msg.offset, i)
+                        ts_ns = msg.timestamp * 10**6
+                        items.append(Item(line, ts_ns, msg.timestamp, msg.key, origin))
         items.sort(key=lambda it: (it.time_ns, it.origin))
         return items
     finally:
@@ -266,9 +242,7 @@ def _offsets_at(consumer: Any, tps: list, t_ns: int, default: dict, end: dict) -
     return {tp: (found[tp].offset if found.get(tp) is not None else end[tp]) for tp in tps}
 
 
-def read_files(
-    paths: list[str], since_ns: int | None, until_ns: int | None, stats: ReadStats
-) -> list[Item]:
+def read_files(paths: list[str], since_ns: int | None, until_ns: int | None, stats: ReadStats) -> list[Item]:
     """Every complete line of the recordings whose record time is in the range, in time order.
 
     Lines that are not valid records are left out and counted: there is nothing to
@@ -283,9 +257,7 @@ def read_files(
                     stats.quarantine(rec)
                     continue
                 t = record_time_ns(rec)
-                if (since_ns is not None and t < since_ns) or (
-                    until_ns is not None and t >= until_ns
-                ):
+                if (since_ns is not None and t < since_ns) or (until_ns is not None and t >= until_ns):
                     continue
                 items.append(Item(raw, t, t // 10**6, None, (source, offset)))
     stats.records = len(items)
@@ -305,9 +277,7 @@ def topic_for(cfg: Config, record: Any, prefix: str) -> str:
     """The topic a record of this kind lives in (``[topics]`` names, prefixed)."""
     t = cfg.topics
     kind = record.KIND
-    name = {"window": t.windows, "throughput": t.throughput, "anomaly": t.anomalies}.get(
-        kind, t.ops
-    )
+    name = {"window": t.windows, "throughput": t.throughput, "anomaly": t.anomalies}.get(kind, t.ops)
     return prefix + name
 
 
@@ -350,6 +320,7 @@ class Progress:
 
 def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> int:
     out = out or sys.stdout
+
     def fail(msg: str) -> int:
         print(f"ncclwatch replay: {msg}", file=sys.stderr)
         return 2
@@ -373,10 +344,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         # with --to-kafka the real targets depend on the records; every kind's topic is checked
         hit = sorted(targets & live)
         if hit and not args.into_live:
-            return fail(
-                f"refusing to write into live topic(s) {', '.join(hit)}: "
-                "give --into-live to mean it"
-            )
+            return fail(f"refusing to write into live topic(s) {', '.join(hit)}: give --into-live to mean it")
         if args.to_topic and args.to_topic in args.topic:
             return fail("refusing to replay a topic into itself")
 

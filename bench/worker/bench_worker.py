@@ -1,0 +1,303 @@
+"""Worker throughput: records per second through one ``ncclwatch worker`` process.
+
+Against the real local Kafka broker of scripts/services.sh. The inputs are published
+once, before any worker starts; then each repeat starts a fresh ``ncclwatch worker``
+subprocess with a new app id (a new consumer group, an empty state table), and times it
+from "partitions assigned" (start-up excluded) until the group's committed offsets reach
+the end of every input partition. Committed offsets only move after the detectors'
+state is saved (the worker's contract), so this is the rate of fully processed records.
+CPU seconds of the worker process (user + sys from /proc) are reported too: the machine
+is shared, the broker runs on it, and records per CPU-second is what sizes a deployment.
+
+Modes:
+
+- ``windows``: window summaries of several copies of a healthy 2x8-GPU labelled
+  scenario (plus their throughput records) on ``nccl.windows``/``job.throughput``;
+  everything goes through decoding, the time merge, the detectors and the state table.
+- ``ops``: op records on ``nccl.ops`` (``--ops-per-message`` per Kafka message, as
+  ``ncclwatch forward --ops-per-message`` packs them); the worker only looks for drop
+  and plugin_stats records among them.
+
+    .venv/bin/python bench/worker/bench_worker.py [--mode windows|ops|both]
+        [--windows 150000] [--ops 400000] [--repeats 3] [--out docs/bench/worker.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ncclwatch import config, testing
+from ncclwatch.records import to_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def env_for(bootstrap: str, prefix: str, partitions: int) -> dict[str, str]:
+    env = {
+        "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "NCCLWATCH_TOPICS_PARTITIONS": str(partitions),
+        "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
+        "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
+    }
+    for k in ("ops", "windows", "throughput", "anomalies", "dead_letter", "quarantine"):
+        env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
+    return env
+
+
+def window_messages(n: int, per_message: int = 1) -> list[tuple[str, bytes, bytes, int]]:
+    """(topic kind, key, value, timestamp ms) for ~n windows: copies of a healthy 2x8 job,
+    ``per_message`` consecutive windows of a job packed into one message (JSON Lines)."""
+    from ncclwatch.detectors import scenarios
+    from ncclwatch.detectors.drivers import record_time_ns
+
+    base, _ = scenarios.generate(scenarios.by_name("steady_2x8"))
+    n_windows = sum(1 for r in base if r.KIND == "window")
+    copies = max(1, round(n / n_windows))
+    out = []
+    for c in range(copies):
+        job = f"bench-{c:03d}"
+        pack: list[str] = []
+        for r in base:
+            r2 = dataclasses.replace(r, job=job)
+            ts = record_time_ns(r) // 10**6
+            if r.KIND != "window":
+                out.append(("throughput", job.encode(), to_json(r2).encode(), ts))
+                continue
+            pack.append(to_json(r2))
+            if len(pack) == per_message:
+                out.append(("windows", job.encode(), "\n".join(pack).encode(), ts))
+                pack = []
+        if pack:
+            out.append(("windows", job.encode(), "\n".join(pack).encode(), ts))
+    return out
+
+
+def op_messages(n: int, per_message: int) -> list[tuple[str, bytes, bytes, int]]:
+    from ncclwatch.records import OpRecord
+    from ncclwatch.rules import record_id
+
+    t0 = 1_763_800_000 * 10**9
+    out = []
+    lines = []
+    for i in range(n):
+        rank = i % 16
+        comm = f"0x{(i // 16) % 8:016x}"
+        op = OpRecord(
+            id=record_id("bench", f"h{rank // 8}", 100 + rank, comm, rank, "AllReduce", -1, i),
+            job="bench",
+            host=f"h{rank // 8}",
+            pid=100 + rank,
+            gpu="GPU-x",
+            comm=comm,
+            comm_name="",
+            rank=rank,
+            nranks=16,
+            nnodes=2,
+            local_ranks=8,
+            transport="mixed",
+            op="AllReduce",
+            seq=i,
+            count=1 << 20,
+            dtype="ncclFloat32",
+            bytes=4 << 20,
+            peer=-1,
+            algo="RING",
+            proto="SIMPLE",
+            channels=8,
+            start_ns=t0 + i * 100_000,
+            exec_ns=50_000,
+            timing="kernel_gpu",
+            algbw_gbs=80.0,
+            busbw_gbs=150.0,
+            graph=False,
+        )
+        lines.append(to_json(op))
+        if len(lines) == per_message:
+            key = f"bench|{comm}".encode()
+            out.append(("ops", key, "\n".join(lines).encode(), (t0 + i * 100_000) // 10**6))
+            lines = []
+    return out
+
+
+def publish(env: dict[str, str], messages: list) -> float:
+    from kafka import KafkaProducer
+
+    cfg = config.load(None, environ=env)
+    topics = {"windows": cfg.topics.windows, "throughput": cfg.topics.throughput, "ops": cfg.topics.ops}
+    for name in topics.values():
+        testing.kafka_create_topic(cfg.kafka.bootstrap_servers, name, cfg.topics.partitions)
+    producer = KafkaProducer(
+        bootstrap_servers=cfg.kafka.bootstrap_servers,
+        acks=1,
+        linger_ms=50,
+        batch_size=512 * 1024,
+        compression_type="lz4",
+    )
+    t = time.monotonic()
+    for kind, key, value, ts in messages:
+        producer.send(topics[kind], key=key, value=value, timestamp_ms=ts)
+    producer.flush()
+    producer.close()
+    return time.monotonic() - t
+
+
+def committed_total(admin, group: str, topics: set[str]) -> int:
+    offsets = admin.list_group_offsets(group).get(group, {})
+    return sum(om.offset for tp, om in offsets.items() if tp.topic in topics and om.offset > 0)
+
+
+def end_total(env: dict[str, str], topics: list[str]) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in c.partitions_for_topic(t) or []]
+        return sum(c.end_offsets(tps).values())
+    finally:
+        c.close()
+
+
+def run_worker(env: dict[str, str], topics: list[str], records: int, timeout_s: float) -> dict:
+    from kafka import KafkaAdminClient
+
+    app_id = testing.unique_name("bench-worker")
+    end = end_total(env, topics)
+    log_path = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ncclwatch.cli", "worker", "--app-id", app_id, "--metrics-port", "-1"],
+            env=dict(os.environ, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    admin = KafkaAdminClient(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while "assigned" not in log_path.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("worker did not start:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.05)
+        t0, cpu0 = time.monotonic(), proc_cpu_s(proc.pid)
+        topic_set = set(topics)
+        while committed_total(admin, app_id, topic_set) < end:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("worker did not finish:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.2)
+        t1, cpu1 = time.monotonic(), proc_cpu_s(proc.pid)
+    finally:
+        admin.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+    wall, cpu = t1 - t0, cpu1 - cpu0
+    return {"wall_s": wall, "cpu_s": cpu, "rate": records / wall, "rate_cpu": records / cpu}
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    rates = [r["rate"] for r in runs]
+    cpu_rates = [r["rate_cpu"] for r in runs]
+    return {
+        "name": name,
+        "median": statistics.median(rates),
+        "min": min(rates),
+        "max": max(rates),
+        "median_cpu": statistics.median(cpu_rates),
+        "runs": runs,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=("windows", "ops", "both"), default="both")
+    ap.add_argument("--windows", type=int, default=150_000)
+    ap.add_argument("--ops", type=int, default=400_000)
+    ap.add_argument("--ops-per-message", type=int, action="append")
+    ap.add_argument("--windows-per-message", type=int, action="append")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--out", help="write a Markdown report here")
+    args = ap.parse_args()
+    bootstrap = testing.ensure_started("kafka").kafka_bootstrap
+    results = []
+    if args.mode in ("windows", "both"):
+        for per in args.windows_per_message or [1, 50]:
+            env = env_for(bootstrap, testing.unique_name("bw"), args.partitions)
+            msgs = window_messages(args.windows, per)
+            n = sum(m[2].count(b"\n") + 1 for m in msgs)
+            pub = publish(env, msgs)
+            print(f"published {n} window+throughput records ({per} windows/message) in {pub:.1f} s", flush=True)
+            cfg = config.load(None, environ=env)
+            runs = []
+            for i in range(args.repeats):
+                r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, args.timeout_s)
+                print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
+                runs.append(r)
+            name = f"window summaries, {per} per message, + throughput ({n:,} records)"
+            results.append(summarize(name, runs))
+    if args.mode in ("ops", "both"):
+        for per in args.ops_per_message or [1, 100]:
+            env = env_for(bootstrap, testing.unique_name("bo"), args.partitions)
+            msgs = op_messages(args.ops, per)
+            pub = publish(env, msgs)
+            print(f"published {args.ops} op records ({per}/message) in {pub:.1f} s", flush=True)
+            cfg = config.load(None, environ=env)
+            runs = []
+            for i in range(args.repeats):
+                r = run_worker(env, [cfg.topics.ops], args.ops, args.timeout_s)
+                print(f"  ops run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
+                runs.append(r)
+            results.append(summarize(f"op records, {per} per message ({args.ops:,} records)", runs))
+    if args.out:
+        write_report(Path(args.out), results, args)
+    return 0
+
+
+def write_report(path: Path, results: list[dict], args: argparse.Namespace) -> None:
+    lines = [
+        "# Worker throughput (`ncclwatch worker`, Faust, real Kafka)",
+        "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {os.cpu_count()} CPU cores ({cpu_model()}), shared with the Kafka broker and other work",
+        f"- command: `.venv/bin/python bench/worker/bench_worker.py --mode {args.mode} "
+        f"--windows {args.windows} --ops {args.ops} --repeats {args.repeats} "
+        f"--partitions {args.partitions} --out {path}`",
+        f"- {args.partitions} partitions per topic, one worker process, {args.repeats} repeats "
+        "(fresh consumer group and empty state each), timed from partition assignment to the "
+        "last committed offset",
+        "",
+        "| input | records/s (median) | min | max | records per worker CPU-second (median) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['name']} | {r['median']:,.0f} | {r['min']:,.0f} | {r['max']:,.0f} | {r['median_cpu']:,.0f} |"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
