@@ -51,6 +51,7 @@ from ncclwatch.rules import safe_filename
 log = logging.getLogger("ncclwatch.forward")
 
 DIRECT, SPILL = "direct", "spill"
+_NO_LIMIT = 1 << 63
 
 
 @dataclass
@@ -316,8 +317,9 @@ class Forwarder:
     # Each spool stream (one process) has a *time*: the end of the next op it holds that
     # was read but given back (below), else the largest op end (or throughput ts_ns)
     # taken from it. A stream is *behind* while it has complete lines left to read. All
-    # streams of one spool directory (one job) are read up to a common horizon, the
-    # smallest time of its behind streams plus ``align_ns``; a record past the horizon
+    # streams of the node (every job: they share the host clock, so this is the order a
+    # live forwarder saw) are read up to a common horizon, the smallest time of the
+    # behind streams plus ``align_ns``; a record past the horizon
     # is given back (the tailer is rewound to it) and read again once the others caught
     # up. A stream whose time is not known yet is probed: its first timed record is
     # given back at once. So a backlog is read in stream-time order across processes,
@@ -330,11 +332,11 @@ class Forwarder:
         tailer = self.spool
         total = 0
         for _ in range(256):  # rounds; each one advances the slowest stream
-            horizons, skip = self._spool_plan()
+            horizon, skip = self._spool_plan()
             n_streams = max(1, len(tailer.stream_ids) - len(skip))
             per = max(64, budget // n_streams)
             chunks = tailer.poll_chunks(budget, per_stream=per, skip=skip)
-            n, gave = self._read_spool(chunks, out, ops, horizons)
+            n, gave = self._read_spool(chunks, out, ops, horizon)
             behind = self.st_behind
             limited = tailer.limited
             for sid in tailer.read_streams:
@@ -349,17 +351,13 @@ class Forwarder:
                     del d[sid]
         return total
 
-    def _spool_plan(self) -> tuple[dict[str, int], set[str]]:
-        """Per spool directory, the horizon; and the behind streams already past it."""
-        mins: dict[str, int] = {}
+    def _spool_plan(self) -> tuple[int, set[str]]:
+        """The horizon, and the behind streams already past it."""
         behind = [(sid, t) for sid, t in self.st_time.items() if self.st_behind.get(sid)]
-        for sid, t in behind:
-            g = os.path.dirname(sid)
-            m = mins.get(g)
-            if m is None or t < m:
-                mins[g] = t
-        horizons = {g: m + self.align_ns for g, m in mins.items()}
-        skip = {sid for sid, t in behind if t > horizons[os.path.dirname(sid)]}
+        if not behind:
+            return _NO_LIMIT, set()
+        horizon = min(t for _, t in behind) + self.align_ns
+        skip = {sid for sid, t in behind if t > horizon}
         if skip:
             # Held back on purpose, not idle: keep the idle flush off its windows.
             now = self.clock()
@@ -367,10 +365,10 @@ class Forwarder:
                 path = self.st_path.get(sid)
                 if path is not None:
                     self.last_seen[path] = now
-        return horizons, skip
+        return horizon, skip
 
     def _read_spool(self, chunks: list, out: list, ops: dict,
-                    horizons: dict[str, int] | None = None) -> tuple[int, set[str]]:
+                    horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
         """Process polled chunks up to each stream's horizon; (lines used, streams given
         back). Lines past a stream's horizon are given back to the tailer."""
         # The hot path of the forwarder: keep per-line work to parse, window, group.
@@ -380,7 +378,6 @@ class Forwarder:
         fast_op = FastOpRecord
         sid_of = self.spool.stream_id
         st_time = self.st_time
-        no_limit = 1 << 63
         n = 0
         now = self.clock()
         stopped: set[str] = set()
@@ -393,12 +390,8 @@ class Forwarder:
                     self.spool.rewind(src, chunk.offset)
                     rewound.add(src)
                 continue
-            if horizons is None:
-                hz = no_limit
-            elif sid in st_time:
-                hz = horizons.get(os.path.dirname(sid), no_limit)
-            else:
-                hz = -1  # not known yet: give its first timed record back (a probe)
+            # A stream not known yet gives its first timed record back (a probe).
+            hz = horizon if sid in st_time else -1
             hi = -1
             gave = -1
             self.st_path[sid] = src
