@@ -46,12 +46,50 @@ from ncclwatch.records import (
     Quarantined,
     ThroughputRecord,
     WindowSummary,
+    from_json,
     parse_line,
+    to_dict,
+    to_json,
 )
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+
+
+# At equal times: windows (and the ops they are made of) first, then telemetry, then
+# throughput. A step's throughput and the window ending at the same instant are both
+# "now"; the window first means a throughput drop is judged knowing the NCCL anomaly that
+# the same window may have just confirmed. Every driver orders ties this way.
+KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "throughput": 2, "anomaly": 3}
+
+
+def order_key(record: Any) -> tuple[int, int]:
+    """How drivers order records: by stream time, ties by kind (see ``KIND_ORDER``)."""
+    return record_time_ns(record), KIND_ORDER.get(record.KIND, 3)
+
+
+def job_partition(job: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as the Java client, kafka-python
+    and aiokafka) gives a record keyed by ``job``.
+
+    >>> [job_partition(j, 4) for j in ("llm-7", "job-a")] == [job_partition(j, 4) for j in ("llm-7", "job-a")]
+    True
+    """
+    if partitions <= 1:
+        return 0
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(job.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+def instant_key(record: Any) -> tuple:
+    """The order of a job's records of one instant, whoever published them first."""
+    kind = record.KIND
+    if kind == "window":
+        r = record
+        return (0, r.comm, r.op, r.size_bucket, r.transport, r.rank, r.host, r.start_ns)
+    return (KIND_ORDER.get(kind, 3), to_json(record))
 
 
 def record_time_ns(record: Any) -> int:
@@ -93,10 +131,10 @@ class JobDetectors:
     Stream time: every ``tick_s`` of stream time (the largest record time seen) every
     job's pipeline is advanced to it, which is how a job that went silent while others
     kept reporting gets its anomalies ended and, after an hour, is forgotten. Stream
-    time is kept per *group* of jobs (``process(record, group)``): the worker passes
-    the Kafka partition, whose records its time merge delivers in time order, so one
-    partition racing ahead while catching up cannot make another's jobs look silent;
-    ``watch`` has one ordered stream and one group.
+    time is kept per *group* of jobs: the Kafka partition of the job's key. The worker's
+    time merge delivers each partition in time order, but partitions apart, so one
+    racing ahead while catching up cannot make another's jobs look silent; ``watch``
+    groups jobs the same way (``job_partition``), so both couple the same jobs.
 
     For :class:`~ncclwatch.detectors.metrics.DetectorMetrics` this object looks like a
     single pipeline (``observer``, ``open_anomalies``, ``key_count``, ``last_end_ns``),
@@ -113,6 +151,8 @@ class JobDetectors:
         The pipeline class; injected so this glue can be tested on its own.
     tick_s
         Stream-time interval between ``advance`` calls.
+    partitions
+        Partitions of the job-keyed topics (``topics.partitions``): the default grouping.
     """
 
     def __init__(
@@ -122,6 +162,7 @@ class JobDetectors:
         model: Any = None,
         pipeline_cls: Any = None,
         tick_s: float = 1.0,
+        partitions: int = 1,
     ):
         if pipeline_cls is None:
             from ncclwatch.detectors.pipeline import Pipeline as pipeline_cls
@@ -129,10 +170,13 @@ class JobDetectors:
         self.model = model if model is not None else load_model(cfg)
         self.pipeline_cls = pipeline_cls
         self.tick_ns = int(tick_s * 1e9)
+        self.partitions = partitions
         self.pipelines: dict[str, Any] = {}
         self.stream_ns: dict[int, int] = {}  # group -> largest record time seen
         self._next_tick_ns: dict[int, int] = {}
         self.group_of: dict[str, int] = {}
+        self._held: dict[str, list] = {}  # job -> records of its current instant
+        self._held_t: dict[str, int] = {}
         self._observer: Any = None
         self.evicted: list[str] = []  # jobs advance forgot; the worker drains this list
 
@@ -167,12 +211,39 @@ class JobDetectors:
             p.observer = self._observer
         return p
 
-    def process(self, record: Any, group: int = 0, t_ns: int | None = None) -> list[AnomalyEvent]:
-        """Detect on one record (``t_ns``: its stream time, if the caller has it)."""
+    def process(self, record: Any, group: int | None = None, t_ns: int | None = None) -> list[AnomalyEvent]:
+        """Detect on one record (``t_ns``: its stream time, if the caller has it).
+
+        ``group`` is the stream-time group (the Kafka partition, in the worker); by
+        default the partition the job's key maps to (``partitions``), so a local run
+        couples exactly the jobs the worker would.
+
+        Records of one job and one instant are held until the job's next instant and
+        then given to its pipeline in a canonical order (``instant_key``): within an
+        instant the order records arrive in depends on who published first (one node's
+        forwarder, one topic), and the pipeline's decisions can depend on it (which
+        key's window confirms an anomaly first, whether a throughput drop is judged
+        before or after it). The cost is one instant of delay, at most a window.
+        """
         job = record.job
+        if group is None:
+            group = self.group_of.get(job)
+            if group is None:
+                group = job_partition(job, self.partitions)
         self.group_of[job] = group
-        events = self.pipeline(job).process(record)
+        self.pipeline(job)  # the job exists from its first record on, held or not
         t = record_time_ns(record) if t_ns is None else t_ns
+        events: list[AnomalyEvent] = []
+        held_t = self._held_t.get(job)
+        if held_t is None or t == held_t:
+            self._held.setdefault(job, []).append(record)
+            self._held_t[job] = t
+        elif t > held_t:
+            events += self._release(job)
+            self._held[job] = [record]
+            self._held_t[job] = t
+        else:  # later than its instant: nothing to wait for
+            events += self.pipeline(job).process(record)
         if t > self.stream_ns.get(group, -1):
             self.stream_ns[group] = t
             if t >= self._next_tick_ns.get(group, -1):
@@ -180,32 +251,57 @@ class JobDetectors:
                 events += self.advance(t, group)
         return events
 
+    def _release(self, job: str) -> list[AnomalyEvent]:
+        records = self._held.pop(job, [])
+        self._held_t.pop(job, None)
+        if len(records) > 1:
+            records.sort(key=instant_key)
+        p = self.pipeline(job)
+        return [ev for r in records for ev in p.process(r)]
+
     def advance(self, now_ns: int, group: int | None = None) -> list[AnomalyEvent]:
-        """Advance the pipelines (of one group, or all) to stream time ``now_ns``;
-        forget the jobs they emptied."""
+        """Advance the pipelines (of one group, or all) to stream time ``now_ns``, after
+        letting go their held instants before it; forget the jobs they emptied."""
         events: list[AnomalyEvent] = []
-        for job in sorted(self.pipelines):
+        for job in sorted(set(self.pipelines) | set(self._held)):
             if group is not None and self.group_of.get(job, 0) != group:
                 continue
-            p = self.pipelines[job]
+            if self._held_t.get(job, now_ns) < now_ns:
+                events += self._release(job)
+            p = self.pipelines.get(job)
+            if p is None:
+                continue
             events += p.advance(now_ns)
-            if not p.jobs():
+            if not p.jobs() and job not in self._held:
                 del self.pipelines[job]
                 self.group_of.pop(job, None)
                 self.evicted.append(job)
         return events
 
     def flush(self) -> list[AnomalyEvent]:
-        """End of input: every pipeline closes its incomplete rank groups."""
-        return [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].flush()]
+        """End of input: held instants go, every pipeline closes its incomplete groups."""
+        events = [ev for job in sorted(self._held) for ev in self._release(job)]
+        return events + [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].flush()]
 
     # -- state --------------------------------------------------------------------------
 
     def job_state(self, job: str) -> dict:
-        return self.pipelines[job].to_state()
+        """A job's pipeline state and the records of its held instant (as JSON)."""
+        return {
+            "pipeline": self.pipeline(job).to_state(),
+            "held": [to_dict(r) for r in self._held.get(job, [])],
+        }
 
     def restore_job(self, job: str, state: dict) -> None:
-        p = self.pipelines[job] = self.pipeline_cls.from_state(self.cfg, state, model=self.model)
+        p = self.pipeline_cls.from_state(self.cfg, state["pipeline"], model=self.model)
+        self.pipelines[job] = p
+        held = [from_json(d) for d in state.get("held", [])]
+        if held:
+            self._held[job] = held
+            self._held_t[job] = record_time_ns(held[0])
+        else:
+            self._held.pop(job, None)
+            self._held_t.pop(job, None)
         p.observer = self._observer
         if self._observer is not None and hasattr(self._observer, "bind"):
             self._observer.bind(self)  # re-marks the restored job's open anomalies
@@ -214,14 +310,19 @@ class JobDetectors:
         """Drop cached pipelines (all, or one job's): they are reloaded from saved state."""
         if job is None:
             self.pipelines.clear()
+            self._held.clear()
+            self._held_t.clear()
             self.stream_ns.clear()
             self._next_tick_ns.clear()
         else:
             self.pipelines.pop(job, None)
+            self._held.pop(job, None)
+            self._held_t.pop(job, None)
 
     def to_state(self) -> dict:
+        jobs = sorted(set(self.pipelines) | set(self._held))
         return {
-            "jobs": {job: p.to_state() for job, p in sorted(self.pipelines.items())},
+            "jobs": {job: self.job_state(job) for job in jobs},
             "stream_ns": {str(g): t for g, t in self.stream_ns.items()},
             "group_of": self.group_of,
         }
@@ -417,7 +518,7 @@ def read_recording(paths: Iterable[str | Path], stats: ReadStats | None = None) 
                     continue
                 records.append(rec)
     stats.records = len(records)
-    records.sort(key=record_time_ns)
+    records.sort(key=order_key)
     return records
 
 
@@ -581,13 +682,14 @@ class TimeMerge:
         self.held = 0
         self.forced = 0  # let go before their time (a stuck bound, or too many held)
 
-    def add(self, tp: Any, group: int, t_ns: int, item: Any) -> None:
+    def add(self, tp: Any, group: int, t_ns: int, item: Any, rank: int = 0) -> None:
+        """Queue ``item`` of time ``t_ns``; ``rank`` orders items of equal time (lower first)."""
         q = self._queues.get(tp)
         if q is None:
             q = self._queues[tp] = deque()
             self._groups.setdefault(group, []).append(tp)
             self._last_t[tp] = t_ns
-        q.append((t_ns, item))
+        q.append((t_ns, rank, item))
         # The newest message, not the largest time: a partition is read in order, so
         # what comes next follows the last one read (a partition whose times jump back,
         # e.g. a second run published after a first, bounds by where it is now).
@@ -644,17 +746,17 @@ class TimeMerge:
         for tps in self._groups.values():
             live, stuck = self._bound(tps, now)
             while True:
-                heads = [(q[0][0], i) for i, tp in enumerate(tps) if (q := self._queues[tp])]
+                heads = [(q[0][0], q[0][1], i) for i, tp in enumerate(tps) if (q := self._queues[tp])]
                 if not heads:
                     break
-                t, i = min(heads)
+                t, _, i = min(heads)
                 if t > live and self.held <= self.max_held:
                     break
                 if t > stuck:
                     self.forced += 1
                 tp = tps[i]
                 q = self._queues[tp]
-                out.append(q.popleft()[1])
+                out.append(q.popleft()[2])
                 self.held -= 1
                 if not q and self._behind.get(tp):
                     # drained but behind: its next message may be as early as its last
@@ -679,7 +781,7 @@ class BatchOutcome:
 class StreamCore:
     """The worker's logic for batches of messages, without Faust.
 
-    State per job is ``{"v", "pipeline", "positions"}``: the pipeline's own state and,
+    State per job is ``{"v", "detectors", "positions"}``: the job's detector state and,
     per input ``topic/partition``, the position of the last record folded into it
     (``offset << 20 | line``: a message may hold several records). The worker saves the
     states touched by a batch and only then acknowledges the messages the batch
@@ -722,7 +824,7 @@ class StreamCore:
         if positions is None or job not in self.detectors.pipelines:
             saved = self.load_state(job)
             if saved:
-                self.detectors.restore_job(job, saved["pipeline"])
+                self.detectors.restore_job(job, saved["detectors"])
                 positions = dict(saved.get("positions", {}))
             else:
                 self.detectors.forget(job)
@@ -764,7 +866,8 @@ class StreamCore:
                     out.dead_letters.append((msg, rec))
                 else:
                     t = record_time_ns(rec)
-                    merge_add(tp, msg.partition, t, (msg, i, rec, t, where))
+                    rank = KIND_ORDER.get(rec.KIND, 3)
+                    merge_add(tp, msg.partition, t, (msg, i, rec, t, where), rank)
                     held += 1
             if held:
                 self._remaining[(msg.topic, msg.partition, msg.offset)] = held
@@ -817,7 +920,7 @@ class StreamCore:
                 continue
             state = {
                 "v": STATE_VERSION,
-                "pipeline": self.detectors.job_state(job),
+                "detectors": self.detectors.job_state(job),
                 "positions": dict(self.positions[job]),
             }
             out.states[job] = (self.partition_of[job], state)

@@ -243,7 +243,7 @@ class Worker:
         self.anomalies_out = app.topic(names["anomalies"], **raw)
         self.dead_out = app.topic(names["dead_letter"], **raw)
         self.table = app.Table(TABLE_NAME, default=None, partitions=n, key_type=str)
-        self.core = StreamCore(JobDetectors(cfg.detector), self._load_state)
+        self.core = StreamCore(JobDetectors(cfg.detector, partitions=cfg.topics.partitions), self._load_state)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
             names["windows"]: (WindowSummary,),
@@ -252,6 +252,8 @@ class Worker:
         }
         self._ops_seen_at = 0.0
         self._ops_done: dict[Any, int] = {}  # ops partition -> next offset to process
+        self._ops_last_t: dict[Any, int] = {}  # ops partition -> time of its last record read
+        self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read
         # telemetry partition -> (offset, earliest record time) forwarded, not yet read back
         self._inflight: dict[int, tuple[int, int]] = {}
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
@@ -270,6 +272,9 @@ class Worker:
         self.core.forget()
         self._pending.clear()
         self._inflight.clear()
+        self._ops_done.clear()
+        self._ops_last_t.clear()
+        self._read_upto.clear()
         # Until nccl.ops is known to be read to its end, a drop may still come that is
         # older than the windows at hand: hold them (at most the merge's max_hold_s).
         self.core.merge.hold("telemetry", True, -(1 << 62))
@@ -304,6 +309,11 @@ class Worker:
         @app.on_partitions_assigned.connect
         async def assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
             w.reset()
+            # nothing may pass an input partition that has not been read yet
+            inputs = {w.names["windows"], w.names["throughput"], w.names["telemetry"]}
+            for tp in assigned:
+                if tp.topic in inputs:
+                    w.core.merge.expect((tp.topic, tp.partition), tp.partition)
             n = len(assigned)
             print(f"ncclwatch worker {w.app_id}: assigned {n} partition(s)", file=sys.stderr, flush=True)
 
@@ -323,11 +333,26 @@ class Worker:
             await self.app.crash(exc)
             raise
 
+    def _progress_idle_inputs(self) -> None:
+        """An input partition with nothing left on the broker holds nothing back, even
+        if it never delivered a message (it was empty, or read before a restart)."""
+        consumer = self.app.consumer
+        committed = getattr(consumer, "_committed_offset", {})
+        inputs = {self.names["windows"], self.names["throughput"], self.names["telemetry"]}
+        for tp in consumer.assignment():
+            if tp.topic not in inputs:
+                continue
+            highwater = consumer.highwater(tp)
+            read = max(self._read_upto.get(tp, 0), committed.get(tp) or 0)
+            if highwater is not None and highwater <= read:
+                self.core.merge.progress((tp.topic, tp.partition), False)
+
     def _behind(self, events: list) -> dict[tuple[str, int], bool]:
         """Per input partition in the batch: are there messages on the broker after it?"""
         last: dict[Any, int] = {}
         for e in events:
             last[e.message.tp] = e.message.offset
+            self._read_upto[e.message.tp] = e.message.offset + 1
         consumer = self.app.consumer
         return {(tp.topic, tp.partition): (consumer.highwater(tp) or 0) > off + 1 for tp, off in last.items()}
 
@@ -353,7 +378,8 @@ class Worker:
         if self.sink is not None:
             self._executor.submit(self.sink.tick)
         if time.monotonic() - self._ops_seen_at > 1.0:
-            await self._ops_progress()
+            self._hold_for_ops()
+        self._progress_idle_inputs()
         if self._stream is None or not self.core.merge.held:
             return
         async with self._lock:
@@ -363,22 +389,27 @@ class Worker:
         t = min((t for _, t in self._inflight.values()), default=1 << 62)
         self.core.merge.hold("telemetry-inflight", bool(self._inflight), t)
 
-    async def _ops_progress(self) -> None:
-        """No telemetry batch lately: if nccl.ops is processed to its end, stop holding.
+    def _hold_for_ops(self) -> None:
+        """Hold the detectors back while nccl.ops may still bring an earlier drop.
 
-        "Processed" is what the telemetry agent acknowledged this session, else the
-        group's committed offset (Faust's own record of it, seeded at assignment):
-        messages fetched but still in Faust's buffers do not count.
+        Per ``nccl.ops`` partition this worker owns: processed up to its high-water mark
+        (what the telemetry agent acknowledged this session, else the group's committed
+        offset, Faust's own record of it seeded at assignment; messages fetched but still
+        in Faust's buffers do not count), or else how far in time it has been read (the
+        time of the last message processed; nothing read yet: no time at all).
         """
         consumer = self.app.consumer
         committed = getattr(consumer, "_committed_offset", {})
-        behind = False
+        behind, bound = False, 1 << 62
         for tp in consumer.assignment():
             if tp.topic != self.names["ops"]:
                 continue
             done = max(self._ops_done.get(tp, 0), committed.get(tp) or 0)
-            behind |= (consumer.highwater(tp) or 0) > done
-        self.core.merge.hold("telemetry", behind, -(1 << 62))
+            highwater = consumer.highwater(tp)
+            if highwater is None or highwater > done:
+                behind = True
+                bound = min(bound, self._ops_last_t.get(tp, -(1 << 62)))
+        self.core.merge.hold("telemetry", behind, bound)
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
@@ -421,7 +452,6 @@ class Worker:
         """Forward drop and plugin_stats records keyed by job; skip op records unread."""
         futures = []
         forwarded = []
-        last_t = 1 << 62
         for e in events:
             m = _message(e)
             v = m.value
@@ -452,17 +482,19 @@ class Worker:
             _, old_t = self._inflight.get(meta.partition, (-1, t_ns))
             self._inflight[meta.partition] = (meta.offset, min(old_t, t_ns))
         self._hold_inflight()
-        behind = self._behind(events)
-        if any(behind.values()):
-            # how far nccl.ops has been read: the time of the last message of the batch
-            # (one parse per batch; op records are otherwise skipped unread)
-            last = parse_line((message_lines(events[-1].message.value or b"") or [b""])[-1])
-            last_t = record_time_ns(last) if not isinstance(last, Quarantined) else -(1 << 62)
-        self.core.merge.hold("telemetry", any(behind.values()), last_t)
-        self._ops_seen_at = time.monotonic()
+        last: dict[Any, Any] = {}
         for e in events:
             await stream.ack(e)
             self._ops_done[e.message.tp] = e.message.offset + 1
+            last[e.message.tp] = e.message
+        for tp, m in last.items():
+            # how far this partition has been read in time: its last message's record
+            # (one parse per partition and batch; op records are otherwise skipped unread)
+            rec = parse_line((message_lines(m.value or b"") or [b""])[-1])
+            if not isinstance(rec, Quarantined):
+                self._ops_last_t[tp] = record_time_ns(rec)
+        self._hold_for_ops()
+        self._ops_seen_at = time.monotonic()
 
 
 class WorkerMetrics:

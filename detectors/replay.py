@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncclwatch.detectors.drivers import (
+    KIND_ORDER,
     EventsFile,
     Pacer,
     ReadStats,
     iter_recording_lines,
     message_lines,
     opened_recording,
+    order_key,
     record_time_ns,
 )
 
@@ -259,7 +261,8 @@ def read_files(paths: list[str], since_ns: int | None, until_ns: int | None, sta
                 t = record_time_ns(rec)
                 if (since_ns is not None and t < since_ns) or (until_ns is not None and t >= until_ns):
                     continue
-                items.append(Item(raw, t, t // 10**6, None, (source, offset)))
+                origin = (KIND_ORDER.get(rec.KIND, 3), source, offset)
+                items.append(Item(raw, t, t // 10**6, None, origin))
     stats.records = len(items)
     items.sort(key=lambda it: (it.time_ns, it.origin))
     return items
@@ -282,11 +285,12 @@ def topic_for(cfg: Config, record: Any, prefix: str) -> str:
 
 
 def key_for(record: Any) -> bytes:
-    """The message key the forwarder uses: ``<job>|<comm>`` on nccl.ops, the job elsewhere."""
+    """The message key the forwarder uses: ``<job>|<comm>`` for ops, ``<job>|<host>`` for
+    drops and plugin stats, the job for windows, throughput and anomalies."""
     if record.KIND in ("op",):
         return f"{record.job}|{record.comm}".encode()
     if record.KIND in ("drop", "plugin_stats"):
-        return f"{record.job}|".encode()
+        return f"{record.job}|{record.host}".encode()
     return record.job.encode()
 
 
@@ -388,12 +392,17 @@ def _detect(
 ) -> int:
     from ncclwatch.detectors.watch import Watch
 
+    # Detectors want record-time order, as watch gives them: topics were read in Kafka
+    # timestamp order, which is publication time when a producer did not set it.
+    records = [r for r in (parse_line(it.raw) for it in items) if not isinstance(r, Quarantined)]
+    records.sort(key=order_key)
+    timed = [Item(b"", record_time_ns(r), 0, None, ()) for r in records]
     events_file = EventsFile(events_out)
     watch = Watch(cfg, out=out, events_file=events_file)
     n = 0
     try:
-        for it in _paced(items, pacer, progress):
-            watch.feed(parse_line(it.raw))
+        for rec, _ in zip(records, _paced(timed, pacer, progress), strict=True):
+            watch.feed(rec)
             n += 1
         watch.flush()
     finally:

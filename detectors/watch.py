@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncclwatch.detectors.drivers import (
+    KIND_ORDER,
     STATE_VERSION,
     EventsFile,
     JobDetectors,
@@ -111,11 +113,13 @@ class Watch:
         self.out = out or sys.stdout
         self.events_file = events_file or EventsFile(None)
         self.sink = sink
-        self.detectors = detectors or JobDetectors(cfg.detector)
+        self.detectors = detectors or JobDetectors(cfg.detector, partitions=cfg.topics.partitions)
         # Metrics are kept even without an endpoint: the status lines read them.
         self.metrics = metrics or DetectorMetrics(max_keys=cfg.detector.max_metric_keys)
         self.metrics.bind(self.detectors)
         self.windower = Windower(cfg.ingest.window_s)
+        self._merge = TimeMerge()
+        self._streams: set[tuple] = set()
         self.stream_ns = 0
         self.counts = dict.fromkeys(("op", "window", "throughput", "drop", "plugin_stats"), 0)
         self.quarantined = 0
@@ -126,7 +130,15 @@ class Watch:
     # -- records in --------------------------------------------------------------------
 
     def feed(self, record: Any) -> None:
-        """One parsed line: op records are windowed, the rest go straight to detection."""
+        """One parsed line: op records are windowed, the rest go straight to detection.
+
+        Windows leave the windower a window or two after their end (a window closes when
+        its process has moved on), while throughput and telemetry are ready at once. To
+        hand the detectors both in time order, as the worker's merge of the window and
+        throughput topics does, they meet in a second :class:`TimeMerge`: each process's
+        windows are an input bounded by its last closed window, the other records one
+        more.
+        """
         if isinstance(record, Quarantined):
             self.quarantined += 1
             return
@@ -134,19 +146,31 @@ class Watch:
         if kind not in self.counts:
             return  # anomaly records in a recording are output, not input
         self.counts[kind] += 1
-        self.stream_ns = max(self.stream_ns, record_time_ns(record))
+        t = record_time_ns(record)
+        self.stream_ns = max(self.stream_ns, t)
+        merge = self._merge
         if isinstance(record, OpRecord):
+            stream = (record.job, record.host, record.pid)
             for w in self.windower.add(record):
                 self.windows_made += 1
-                self.emit(self.detectors.process(w))
+                merge.add(stream, 0, w.end_ns, w, 0)
+            if stream not in self._streams:
+                self._streams.add(stream)
+                merge.expect(stream, 0)  # nothing may pass a process not windowed yet
+            merge.progress(stream, True)  # a live process always has a window open
         else:
-            self.emit(self.detectors.process(record))
+            merge.add("records", 0, t, record, KIND_ORDER.get(kind, 3))
+        for rec in merge.release():
+            self.emit(self.detectors.process(rec))
 
     def flush(self) -> None:
         """End of input: close the open windows and the detectors' incomplete groups."""
         for w in self.windower.flush():
             self.windows_made += 1
-            self.emit(self.detectors.process(w))
+            self._merge.add((w.job, w.host, -1), 0, w.end_ns, w, 0)
+        for rec in self._merge.drain():
+            self.emit(self.detectors.process(rec))
+        self._streams.clear()
         self.emit(self.detectors.flush())
 
     # -- events out --------------------------------------------------------------------
@@ -385,8 +409,16 @@ def _tail(
             # a bad line has no time of its own: it keeps its place in its file
             t = last_t.get(line.source, 0) if isinstance(rec, Quarantined) else record_time_ns(rec)
             last_t[line.source] = t
-            merge.add(line.source, 0, t, (line, rec))
-        for path, size in tailer.sizes.items():
+            rank = 0 if isinstance(rec, Quarantined) else KIND_ORDER.get(rec.KIND, 3)
+            merge.add(line.source, 0, t, (line, rec), rank)
+        # every file of the spool, read yet or not: one not read yet holds everything
+        for path in (p for stream in tailer.discover() for p in stream):
+            size = tailer.sizes.get(path)
+            if size is None:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    continue
             behind = size > tailer.positions.get(path, 0)
             if path in last_t:
                 merge.progress(path, behind)

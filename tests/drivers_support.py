@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncclwatch.detectors.drivers import JobDetectors, record_time_ns
+from ncclwatch.detectors.drivers import JobDetectors, order_key, record_time_ns
 
 from ncclwatch import testing
 from ncclwatch.config import load
@@ -325,9 +325,9 @@ class WorkerProcess:
 def reference_events(cfg_env: dict[str, str], records: list) -> list:
     """What the detectors give for these records in one process, in time order."""
     cfg = config_of(cfg_env)
-    det = JobDetectors(cfg.detector)
+    det = JobDetectors(cfg.detector, partitions=cfg.topics.partitions)
     events = []
-    for rec in sorted(records, key=record_time_ns):
+    for rec in sorted(records, key=order_key):
         events += det.process(rec)
     return events
 
