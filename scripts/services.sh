@@ -182,6 +182,9 @@ try:
     try:
         cluster = a.describe_cluster()
         a.list_topics()
+        # A fresh broker creates __consumer_offsets on the first FindCoordinator and
+        # answers CoordinatorNotAvailable until it has: ready means groups work too.
+        a.list_group_offsets("ncclwatch-services-ready")
     finally:
         a.close()
 except Exception:
