@@ -559,14 +559,19 @@ def _start_metrics(w: Worker, port: int | None) -> None:
     print(f"metrics on http://{addr}/metrics", file=sys.stderr, flush=True)
 
 
+UNPOSITIONED_GRACE_S = 60.0
+
+
 def _tolerate_unpositioned_partitions() -> None:
-    """Work around faust-streaming 0.15.3's livelock detector crashing the worker.
+    """Work around faust-streaming 0.15.3's livelock detector crashing a starting worker.
 
     Every ``2.5 × broker_commit_interval`` it reads aiokafka's position of each assigned
-    partition; one assigned but not positioned yet (an empty input just after a
-    rebalance) fails aiokafka's ``assert self._position is not None`` and Faust crashes
-    the consumer (seen in bench/worker with empty window topics). A partition without a
-    position is not live-locked: skip it for this round.
+    partition; one assigned but not positioned yet (just after a rebalance, while the
+    table recovers) fails aiokafka's ``assert self._position is not None`` and Faust
+    crashes the worker. That is a start-up that is merely slow, so it is given
+    ``UNPOSITIONED_GRACE_S``; a partition still without a position after that is a
+    worker that will never read it, and the assertion crashes it as before (exit 1, for
+    a supervisor to restart it).
     """
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
@@ -574,12 +579,19 @@ def _tolerate_unpositioned_partitions() -> None:
     original = cls.verify_event_path
     if getattr(original, "_ncclwatch_tolerant", False):
         return
+    first_seen: dict[Any, float] = {}
 
     def verify_event_path(self: Any, now: float, tp: Any) -> None:
         try:
-            return original(self, now, tp)
+            result = original(self, now, tp)
         except AssertionError:
+            since = first_seen.setdefault(tp, time.monotonic())
+            if time.monotonic() - since > UNPOSITIONED_GRACE_S:
+                log.error("partition %s assigned %.0f s ago and never positioned", tp, time.monotonic() - since)
+                raise
             return None
+        first_seen.pop(tp, None)
+        return result
 
     verify_event_path._ncclwatch_tolerant = True  # type: ignore[attr-defined]
     cls.verify_event_path = verify_event_path
