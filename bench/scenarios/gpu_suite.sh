@@ -25,12 +25,24 @@ if ls .gpu/scenarios/whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/scenario-site .gpu/scenarios/whl/*.whl >>"$LOG" 2>&1 && WATCH_PATH=/tmp/scenario-site
 fi
+INSPECTOR=""
+if [ -f .gpu/inspector/Makefile ]; then
+  # NCCL Inspector from NVIDIA's nccl source (plugins/profiler/inspector), built here.
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  if make -C .gpu/inspector -j8 CUDA_HOME="$CUDA_HOME" >>"$LOG" 2>&1; then
+    INSPECTOR=$PWD/.gpu/inspector/libnccl-profiler-inspector.so
+    export LD_LIBRARY_PATH="$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    echo "inspector build FAILED" >>"$LOG"
+  fi
+fi
 TC=""
 if [ -x .gpu/scenarios/tc/tc ]; then
   TC="env LD_LIBRARY_PATH=$PWD/.gpu/scenarios/tc $PWD/.gpu/scenarios/tc/tc"
   $TC qdisc show >>"$LOG" 2>&1
 fi
 PYTHONUNBUFFERED=1 python3 bench/scenarios/record.py suite --out /tmp/scenario-runs --tar "$OUT" \
-  --tc "$TC" --allow-tc --watch-pythonpath "$WATCH_PATH" "$@" 2>&1 | tee -a "$LOG"
+  --tc "$TC" --allow-tc --watch-pythonpath "$WATCH_PATH" --inspector-plugin "$INSPECTOR" "$@" \
+  2>&1 | tee -a "$LOG"
 cp /tmp/scenario-runs/suite.json "$OUT/" 2>/dev/null
 ls -la "$OUT" >>"$LOG"

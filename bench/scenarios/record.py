@@ -38,6 +38,7 @@ sys.path.append(str(REPO))
 import faults  # noqa: E402
 from topology import layout  # noqa: E402
 
+from ncclwatch import rules  # noqa: E402
 from ncclwatch.rules import NETWORK_TRANSPORTS  # noqa: E402
 
 PLUGIN = REPO / "plugin" / "build" / "libncclwatch-profiler.so"
@@ -66,7 +67,8 @@ def make_shim(dest: Path) -> Path:
     return dest
 
 
-def job_env(run_dir: Path, job_id: str, shim: Path, plugin: Path | None) -> dict[str, str]:
+def job_env(run_dir: Path, job_id: str, shim: Path, plugin: Path | None,
+            profiler: str = "ncclwatch") -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "NCCLWATCH_SPOOL_DIR": str(run_dir / "spool"),
@@ -84,6 +86,16 @@ def job_env(run_dir: Path, job_id: str, shim: Path, plugin: Path | None) -> dict
     })
     if plugin is not None:
         env["NCCL_PROFILER_PLUGIN"] = str(plugin)
+    if profiler == "inspector":
+        # NCCL Inspector in JSON mode as its README recommends for fine-grained output:
+        # dumps every 500 µs, every message size, P2P tracked, one file per process.
+        env.update({
+            "NCCL_INSPECTOR_ENABLE": "1",
+            "NCCL_INSPECTOR_DUMP_DIR": str(run_dir / "inspector"),
+            "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500",
+            "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES": "0",
+            "NCCL_INSPECTOR_ENABLE_P2P": "1",
+        })
     return env
 
 
@@ -95,7 +107,7 @@ class Run:
         self.dir = Path(args.out) / name
         if self.dir.exists():
             shutil.rmtree(self.dir)
-        for sub in ("spool", "ctl", "logs"):
+        for sub in ("spool", "ctl", "logs", "trainlogs", "inspector"):
             (self.dir / sub).mkdir(parents=True)
         self.ctl = self.dir / "ctl"
         self.job_id = f"{args.job_prefix}{name}"
@@ -103,15 +115,22 @@ class Run:
         self.topo = layout(args.gpus, args.pretend_nodes, host)
         self.labels: list[dict] = []
         self.injections: list[dict] = []
-        plugin = Path(args.plugin) if args.plugin else (PLUGIN if PLUGIN.exists() else None)
-        self.env = job_env(self.dir, self.job_id, make_shim(Path(args.shim)), plugin)
+        if args.profiler == "inspector":
+            plugin = Path(args.inspector_plugin)
+        elif args.profiler == "none":
+            plugin = None
+        else:
+            plugin = Path(args.plugin) if args.plugin else (PLUGIN if PLUGIN.exists() else None)
+        self.env = job_env(self.dir, self.job_id, make_shim(Path(args.shim)), plugin,
+                           args.profiler)
         self.plugin = plugin
         self.cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={self.topo.world_size}", str(HERE / "train_job.py"),
             "--gpus", str(args.gpus), "--pretend-nodes", str(args.pretend_nodes),
             "--host-layer", args.host_layer, "--duration-s", str(args.duration_s),
-            "--ctl-dir", str(self.ctl), "--device", args.device, *args.job_args,
+            "--ctl-dir", str(self.ctl), "--device", args.device,
+            "--train-log-dir", str(self.dir / "trainlogs"), *args.job_args,
         ]
 
     # -- the job -----------------------------------------------------------------------
@@ -224,7 +243,8 @@ class Run:
                 if not self.args.allow_tc:
                     raise ValueError("tc shapes the whole interface: pass --allow-tc")
                 tc = self.args.tc.split() if self.args.tc else ["tc"]
-                parts.append(faults.TcShaper(tc, self.socket_address()["iface"],
+                # Same-host socket traffic goes through `lo` whatever address NCCL picked.
+                parts.append(faults.TcShaper(tc, kv.get("dev", self.socket_address()["iface"]),
                                              kv.get("rate", "16gbit")))
             else:
                 raise ValueError(f"unknown injector {kind!r} in {spec!r}")
@@ -244,13 +264,21 @@ class Run:
         log(f"{self.name}: injected {record}")
         return record
 
-    def straggle(self, rank: int, extra: int, start_s: float, end_s: float) -> None:
+    def straggle(self, ranks: list[int], extra: int, start_s: float, end_s: float) -> None:
         self.sleep_until(start_s)
-        (self.ctl / "straggler.json").write_text(json.dumps({"rank": rank,
+        (self.ctl / "straggler.json").write_text(json.dumps({"ranks": ranks,
                                                              "extra_matmuls": extra}))
         self.sleep_until(end_s)
         (self.ctl / "straggler.json").unlink()
-        self.injections.append({"injector": "straggler", "rank": rank, "extra_matmuls": extra})
+        self.injections.append({"injector": "straggler", "ranks": ranks, "extra_matmuls": extra,
+                                "matmuls_per_layer": self.matmuls_per_layer})
+
+    @property
+    def matmuls_per_layer(self) -> int:
+        args = self.args.job_args
+        if "--matmuls-per-layer" in args:
+            return int(args[args.index("--matmuls-per-layer") + 1])
+        return 10
 
     # -- after the job ------------------------------------------------------------------
     def straggler_labels(self) -> None:
@@ -259,21 +287,42 @@ class Run:
                   (self.ctl / "events.jsonl").read_text().splitlines()] if (
             self.ctl / "events.jsonl").exists() else []
         open_at: dict[int, dict] = {}
+        spans: dict[tuple[int, int], list[tuple[int, dict, dict]]] = {}
         for e in events:
             if e["event"] == "straggler_start":
                 open_at[e["rank"]] = e
             elif e["event"] == "straggler_end" and e["rank"] in open_at:
                 s = open_at.pop(e["rank"])
-                self.labels.append({
-                    "type": "straggler", "attribution": "straggler", "global_rank": e["rank"],
-                    "extra_matmuls": s["extra_matmuls"], "start_ns": s["ts_ns"],
-                    "end_ns": e["ts_ns"], "start_step": s["step"], "end_step": e["step"],
-                })
+                spans.setdefault((s["step"], e["step"]), []).append((e["rank"], s, e))
+        # Ranks that straggled over the same steps are one fault (one slow GPU).
+        for (start_step, end_step), members in sorted(spans.items()):
+            ranks = sorted(r for r, _, _ in members)
+            self.labels.append({
+                "type": "straggler", "attribution": "straggler", "global_rank": ranks[0],
+                "global_ranks": ranks, "extra_matmuls": members[0][1]["extra_matmuls"],
+                "compute_factor": 1 + members[0][1]["extra_matmuls"] / self.matmuls_per_layer,
+                "start_ns": min(s["ts_ns"] for _, s, _ in members),
+                "end_ns": max(e["ts_ns"] for _, _, e in members),
+                "start_step": start_step, "end_step": end_step,
+            })
 
     def resolve_comms(self) -> dict[str, dict]:
         """Map each topology communicator to the hash the plugin recorded for it."""
         pid_rank = {info["pid"]: r for r, info in self.ranks.items()}
         seen: dict[str, dict] = {}
+        for f in (self.dir / "inspector").rglob("*"):
+            if not f.is_file():
+                continue
+            with open(f, errors="replace") as fh:
+                for line in fh:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        rec = json.loads(line)
+                        h, m = rec["header"], rec["metadata"]
+                        c = seen.setdefault(rules.comm_hex(int(h["id"], 16)), {"pids": set(), "transport": set(),
+                                                      "nranks": h["n_ranks"],
+                                                      "nnodes": h["nnodes"],
+                                                      "comm_name": h.get("comm_name", "")})
+                        c["pids"].add(m["pid"])
         for f in (self.dir / "spool").rglob("*.jsonl"):
             with open(f, errors="replace") as fh:
                 for line in fh:
@@ -311,8 +360,10 @@ class Run:
                 r = label["global_rank"]
                 label["pid"] = self.ranks[r]["pid"]
                 label["gpu"] = self.ranks[r]["gpu"]
-                label["comm_ranks"] = {comms[c.name]["comm"]: c.ranks.index(r)
-                                       for c in self.topo.comms_of(r) if c.name in comms}
+                label["pids"] = [self.ranks[x]["pid"] for x in label["global_ranks"]]
+                label["comm_ranks"] = {comms[c.name]["comm"]: c.ranks.index(x)
+                                       for x in label["global_ranks"]
+                                       for c in self.topo.comms_of(x) if c.name in comms}
         (self.dir / "labels.json").write_text(json.dumps(
             {"scenario": self.scenario, "job": self.job_id, "faults": self.labels}, indent=1))
         steps = [json.loads(x) for x in (self.ctl / "steps.jsonl").read_text().splitlines()]
@@ -321,6 +372,7 @@ class Run:
             "command": shlex.join(self.cmd), "driver": shlex.join(sys.argv),
             "host": hostname, "launched_ns": self.t_launch_ns, "ready_ns": self.ready_ns,
             "rc": self.rc, "plugin": str(self.plugin) if self.plugin else None,
+            "profiler": self.args.profiler,
             "socket": self.socket_address(), "ranks": self.ranks, "comms": comms,
             "injections": self.injections, "steps": len(steps),
             "tflops_per_gpu_median": statistics.median(s["tflops_per_gpu"] for s in steps)
@@ -376,7 +428,8 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
                        {"type": "network_path", "attribution": "network", "global_rank": None,
                         "injector": args.injector})
         elif scenario == "straggler":
-            run.straggle(args.straggler_rank, args.straggler_extra, args.fault_start_s,
+            ranks = [int(r) for r in str(args.straggler_rank).split(",")]
+            run.straggle(ranks, args.straggler_extra, args.fault_start_s,
                          args.fault_start_s + args.fault_duration_s)
         elif scenario != "clean":
             raise ValueError(f"unknown scenario {scenario!r}")
@@ -474,13 +527,23 @@ def suite(args: argparse.Namespace) -> None:
             log(f"suite: calibration failed: {e!r}")
             summary["calibration_error"] = repr(e)
         args.duration_s = saved
-    for scenario in args.scenarios:
+    # --plan: a JSON list of runs, each {"name", "scenario", and any option to override}.
+    plan = json.loads(Path(args.plan).read_text()) if args.plan else [
+        {"name": s, "scenario": s} for s in args.scenarios]
+    base = dict(vars(args))
+    for entry in plan:
+        name = entry["name"]
+        for k, v in entry.items():
+            if k not in ("name", "scenario"):
+                setattr(args, k.replace("-", "_"), v)
         try:
-            path = run_scenario(args, scenario)
-            summary["runs"][scenario] = str(path)
+            path = run_scenario(args, entry["scenario"], name)
+            summary["runs"][name] = str(path)
         except Exception as e:
-            log(f"suite: {scenario} failed: {e!r}")
-            summary["runs"][scenario] = f"failed: {e!r}"
+            log(f"suite: {name} failed: {e!r}")
+            summary["runs"][name] = f"failed: {e!r}"
+        for k, v in base.items():
+            setattr(args, k, v)
         (out / "suite.json").write_text(json.dumps(summary, indent=1, default=str))
     summary["injector"] = args.injector
     (out / "suite.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -509,7 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-start-s", type=float, default=25.0)
     p.add_argument("--fault-duration-s", type=float, default=25.0)
     p.add_argument("--injector", default="cpu:k=2")
-    p.add_argument("--straggler-rank", type=int, default=1)
+    p.add_argument("--straggler-rank", default="1",
+                   help="global rank(s), comma-separated: both processes of a GPU make it slow")
+    p.add_argument("--profiler", choices=("ncclwatch", "inspector", "none"), default="ncclwatch")
+    p.add_argument("--inspector-plugin", default="",
+                   help="NCCL Inspector's libnccl-profiler-inspector.so (--profiler inspector)")
+    p.add_argument("--plan", help="JSON list of runs for `suite` (overrides --scenarios)")
     p.add_argument("--straggler-extra", type=int, default=4,
                    help="extra matmuls per model layer on the straggler")
     p.add_argument("--levels", nargs="*", default=[],

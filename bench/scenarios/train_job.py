@@ -31,8 +31,9 @@ through ``ncclwatch.report_throughput``. A straggler's extra matmuls are not mod
 so they lower the reported TFLOP/s as a slow rank does in real training.
 
 Control, through ``--ctl-dir`` (read by rank 0 once per step):
-``stop`` (file): end the job; ``straggler.json``: ``{"rank": R, "extra_matmuls": K}`` adds
-K matmuls per model layer on global rank R until the file is removed.
+``stop`` (file): end the job; ``straggler.json``: ``{"ranks": [R, ...], "extra_matmuls": K}``
+(or ``"rank": R``) adds K matmuls per model layer on those global ranks until the file is
+removed; give both processes of one GPU to make the GPU slow in every communicator.
 Written there: ``rank-<r>.json`` (pid, GPU, host id, communicators), ``ready`` (after the
 warm-up), ``events.jsonl`` (when each rank really started/stopped straggling) and
 ``steps.jsonl`` (rank 0's per-step timings).
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import sys
@@ -77,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cpu: gloo everywhere and float32, to check the logic without GPUs")
     p.add_argument("--ctl-dir", required=True)
     p.add_argument("--no-report", action="store_true", help="do not call report_throughput")
+    p.add_argument("--train-log-dir", default="",
+                   help="every rank writes a Megatron-format log rank-<r>.log here")
     return p.parse_args(argv)
 
 
@@ -203,19 +207,34 @@ class Job:
             os.close(fd)
 
     def _control(self, step: int, elapsed_s: float | None) -> tuple[bool, int, int]:
-        """Rank 0's decisions for this step, shared with everyone (also a barrier)."""
+        """Rank 0's decisions for this step, shared with everyone (also a barrier).
+
+        Returns (stop, bit mask of straggling global ranks, extra matmuls).
+        """
         torch = self.torch
         ctl = torch.zeros(3, dtype=torch.int64)
         if self.rank == 0:
             stop = (self.ctl / "stop").exists() or (
                 elapsed_s is not None and elapsed_s >= self.args.duration_s)
-            straggler, extra = -1, 0
+            mask, extra = 0, 0
             with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
                 spec = json.loads((self.ctl / "straggler.json").read_text())
-                straggler, extra = int(spec["rank"]), int(spec["extra_matmuls"])
-            ctl[0], ctl[1], ctl[2] = int(stop), straggler + 1, extra
+                ranks = spec.get("ranks", [spec.get("rank")])
+                mask = sum(1 << int(r) for r in ranks)
+                extra = int(spec["extra_matmuls"])
+            ctl[0], ctl[1], ctl[2] = int(stop), mask, extra
         self.dist.all_reduce(ctl)  # SUM over the gloo world: everyone gets rank 0's values
-        return bool(ctl[0]), int(ctl[1]) - 1, int(ctl[2])
+        return bool(ctl[0]), int(ctl[1]), int(ctl[2])
+
+    def _megatron_line(self, step: int, step_s: float, tflops: float) -> str:
+        """One iteration line as Megatron-LM prints it, local wall-clock time first."""
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+        return (f"[{stamp}] iteration {step:8d}/ 1000000 | consumed samples: {step * 256:12d} | "
+                f"elapsed time per iteration (ms): {step_s * 1e3:.1f} | "
+                f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | learning rate: 1.000000E-04 | "
+                f"global batch size:   256 | lm loss: 2.500000E+00 | loss scale: 1.0 | "
+                f"grad norm: 1.000 | number of skipped iterations:   0 | "
+                f"number of nan iterations:   0 |\n")
 
     def run(self) -> None:
         from ncclwatch import report_throughput
@@ -235,15 +254,24 @@ class Job:
         # Kept open across the loop and closed after it; one line per step.
         steps_log = open(self.ctl / "steps.jsonl", "a") if self.rank == 0 else None  # noqa: SIM115
         straggling = False
+        train_log = None
+        if a.train_log_dir:
+            Path(a.train_log_dir).mkdir(parents=True, exist_ok=True)
+            train_log = open(Path(a.train_log_dir) / f"rank-{self.rank}.log", "a")  # noqa: SIM115
         measure_start = None
         phase_s: list[float] = []
-        last_straggler = -1
+        last_straggler = 0
         step = 0
         t_prev = None
         while True:
             elapsed = None if measure_start is None else time.monotonic() - measure_start
-            stop, straggler_rank, extra = self._control(step, elapsed)
+            stop, straggler_mask, extra = self._control(step, elapsed)
             t_step = time.monotonic()
+            if t_prev is not None and train_log is not None and step > 1:
+                step_s = t_step - t_prev
+                train_log.write(self._megatron_line(step - 1, step_s,
+                                                    flops_per_gpu / step_s / 1e12))
+                train_log.flush()
             if t_prev is not None and self.rank == 0 and step > a.warmup_steps:
                 step_s = t_step - t_prev
                 tflops = flops_per_gpu / step_s / 1e12
@@ -252,7 +280,7 @@ class Job:
                 steps_log.write(json.dumps({
                     "step": step - 1, "ts_ns": time.time_ns(), "step_s": round(step_s, 6),
                     "phase_s": [round(x, 6) for x in phase_s], "tflops_per_gpu": round(tflops, 6),
-                    "straggler_rank": last_straggler}) + "\n")
+                    "straggler_mask": last_straggler}) + "\n")
             if stop:
                 break
             if step == a.warmup_steps:
@@ -260,7 +288,7 @@ class Job:
                 if self.rank == 0:
                     (self.ctl / "ready").write_text(json.dumps({"ts_ns": time.time_ns(),
                                                                 "step": step}))
-            mine = extra if straggler_rank == self.rank else 0
+            mine = extra if straggler_mask >> self.rank & 1 else 0
             if bool(mine) != straggling:
                 straggling = bool(mine)
                 self._event(event="straggler_start" if straggling else "straggler_end",
@@ -272,7 +300,7 @@ class Job:
                     self.work(mine)
                 dist.barrier()
                 phase_s.append(time.monotonic() - t0)
-            last_straggler = straggler_rank
+            last_straggler = straggler_mask
             t_prev = t_step
             step += 1
             if steps_log and step % 50 == 0:
@@ -281,6 +309,8 @@ class Job:
             self._event(event="straggler_end", step=step, extra_matmuls=0)
         if steps_log:
             steps_log.close()
+        if train_log:
+            train_log.close()
         if self.rank == 0:
             (self.ctl / "done").write_text(json.dumps({"ts_ns": time.time_ns(), "steps": step}))
         dist.destroy_process_group()
