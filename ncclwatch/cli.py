@@ -11,8 +11,11 @@ This file only lists them, so components plug in without touching each other.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import io
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -97,6 +100,19 @@ COMMANDS = (
 )
 
 
+EXIT_CODES = """\
+exit status:
+  0    success (`worker --until-caught-up`: every input read to where it ended at start)
+  1    failure at run time: a service unreachable or refusing, a crashed worker
+  2    usage or configuration error: bad option, unknown config key, missing file
+  3    the command is not available in this installation
+  130  interrupted (Ctrl-C)
+  141  the output pipe closed early (`ncclwatch ... | head`); nothing is printed about it
+"""
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
+
+
 def _load(cmd: Command):
     """Import a command's module, or None while its component is not written yet."""
     try:
@@ -107,26 +123,89 @@ def _load(cmd: Command):
         return None
 
 
+def _command_in(argv: list[str]) -> str | None:
+    """The command word: the first argument that is neither a global option nor its value.
+
+    >>> _command_in(["-c", "prod.toml", "-vv", "watch", "--speed", "1"])
+    'watch'
+    >>> _command_in(["--config=prod.toml", "config", "show"]), _command_in(["-vc", "f", "fit"])
+    ('config', 'fit')
+    """
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            return next(args, None)
+        if arg in ("-c", "--config") or (arg.startswith("-") and not arg.startswith("--") and arg.lstrip("-v") == "c"):
+            next(args, None)  # the option's value
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """-c and -v, accepted before and after the command (``default`` SUPPRESS after it, so
+    an option given before the command is not reset by the command's parser)."""
+    parser.add_argument("-c", "--config", metavar="FILE", default=default,
+                        help="TOML config file (default: $NCCLWATCH_CONFIG, else built-in defaults)")
+    parser.add_argument("-v", "--verbose", action="count", default=0 if default is None else default,
+                        help="more logging (-vv: debug)")
+
+
+def _serves_metrics(parser: argparse.ArgumentParser) -> bool:
+    return any("--metrics-port" in a.option_strings for a in parser._actions)
+
+
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object]:
     """The parser; only the chosen command's module is imported (Faust is slow to import)."""
     parser = argparse.ArgumentParser(
         prog="ncclwatch",
         description="Tells, while a training job runs, when and where its NCCL "
         "communication degrades and whether that costs the job throughput.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ncclwatch {__version__}")
-    parser.add_argument("-c", "--config", help="TOML config file (default: $NCCLWATCH_CONFIG)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    _global_options(parser, None)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen = _command_in(argv)
     module = None
     for cmd in COMMANDS:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description)
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.description, parents=[common],
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         if cmd.name == chosen:
             module = _load(cmd)
             if module is not None and hasattr(module, "add_arguments"):
                 module.add_arguments(p)
+            if _serves_metrics(p):
+                p.add_argument("--metrics-addr", metavar="ADDR", default=None,
+                               help="address the metrics server binds to (default: config "
+                               "ingest.metrics_addr or detector.metrics_addr, 127.0.0.1; "
+                               "0.0.0.0 for every interface)")
     return parser, module
+
+
+def _with_overrides(cfg: config.Config, args: argparse.Namespace) -> config.Config:
+    """Command-line options that stand for config keys (they win over file and environment)."""
+    addr = getattr(args, "metrics_addr", None)
+    if addr:
+        cfg = dataclasses.replace(
+            cfg,
+            ingest=dataclasses.replace(cfg.ingest, metrics_addr=addr),
+            detector=dataclasses.replace(cfg.detector, metrics_addr=addr),
+        )
+    return cfg
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (tests capture it)
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,11 +223,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ncclwatch {args.command}: not implemented yet", file=sys.stderr)
         return 3
     try:
-        cfg = config.load(args.config)
+        cfg = _with_overrides(config.load(args.config), args)
     except config.ConfigError as e:
         print(f"ncclwatch: configuration error: {e}", file=sys.stderr)
         return 2
-    return int(module.run(args, cfg) or 0)
+    try:
+        rc = int(module.run(args, cfg) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return rc
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ False
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,10 +74,18 @@ class KafkaConfig:
         return out
 
 
+TOPIC_NAME_FIELDS = ("ops", "windows", "throughput", "anomalies", "quarantine", "dead_letter")
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # what Kafka allows in a topic name
+
+
 @dataclass(frozen=True)
 class TopicsConfig:
-    """Kafka topic names and layout."""
+    """Kafka topic names and layout. `prefix` goes in front of every topic name and of the
+    worker's app id (so its internal topics and consumer group too): one key isolates a run."""
 
+    # A name that already starts with the prefix is kept as it is, so the effective
+    # configuration (`ncclwatch config show`) loads back to itself.
+    prefix: str = ""
     ops: str = "nccl.ops"
     windows: str = "nccl.windows"
     throughput: str = "job.throughput"
@@ -84,6 +95,14 @@ class TopicsConfig:
     partitions: int = 4
     replication_factor: int = 1
     retention_ms: int = 7 * 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        if not _TOPIC_CHARS.match(self.prefix):
+            raise ValueError(f"topics.prefix may hold only letters, digits, '.', '_' and '-', got {self.prefix!r}")
+        for name in TOPIC_NAME_FIELDS:
+            value = getattr(self, name)
+            if not value.startswith(self.prefix):
+                object.__setattr__(self, name, self.prefix + value)  # frozen: set once, here
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,10 @@ class DetectorConfig:
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9466
     max_metric_keys: int = 2000  # bound on per-key metric series
+    # `ncclwatch worker`'s Faust data directory. Its tables live in memory and are rebuilt
+    # from their changelog topic, so nothing there must survive a restart: empty means a
+    # private temporary directory, removed at exit (never `<app-id>-data/` in the CWD).
+    worker_data_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,9 +151,22 @@ class AlertingConfig:
     """Where anomaly events become alerts."""
 
     alertmanager_url: str = ""  # empty: print alerts instead of sending them
+    # TLS towards Alertmanager (an https:// URL): CA bundle (empty: the system's), client
+    # certificate and key for mutual TLS.
+    alertmanager_ca_file: str = ""
+    alertmanager_cert_file: str = ""
+    alertmanager_key_file: str = ""
+    # Auth, for Alertmanager's --web.config.file or a proxy in front of it: basic auth, or
+    # a bearer token (inline or in a file re-read per request); never both.
+    alertmanager_username: str = ""
+    alertmanager_password: str = _secret()
+    alertmanager_bearer_token: str = _secret()
+    alertmanager_bearer_token_file: str = ""
     resend_interval_s: float = 60.0
-    grafana_url: str = "http://127.0.0.1:3000"
-    runbook_base_url: str = "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks"
+    # Links in alerts, as on-call opens them: Grafana's external URL (dashboards) and where
+    # the runbooks (docs/runbooks/<AlertName>.md) are served. Empty: no such link.
+    grafana_url: str = ""
+    runbook_base_url: str = ""
     alert_labels: str = ""  # extra static labels, "k=v,k2=v2"
     state_dir: str = ""  # durable outbox for alerts not yet delivered; empty: in memory only
 
@@ -188,7 +224,10 @@ def _section(cls: type, name: str, table: Mapping[str, Any], environ: Mapping[st
             values[f.name] = _coerce(name, f.name, hints[f.name], environ[env_name], env_name)
         elif f.name in table:
             values[f.name] = _coerce(name, f.name, hints[f.name], table[f.name], "config file")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as e:  # a section that checks its values itself
+        raise ConfigError(str(e)) from None
 
 
 def load(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -220,27 +259,69 @@ def load(path: str | Path | None = None, *, environ: Mapping[str, str] | None = 
 
 def example() -> str:
     """The default configuration as a commented TOML document (`ncclwatch config example`)."""
-    lines = [
-        "# ncclwatch configuration. Every key can be overridden by the environment:",
-        "# NCCLWATCH_<SECTION>_<KEY>, e.g. NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS=broker:9092",
-    ]
-    for sect in dataclasses.fields(Config):
-        cls = get_type_hints(Config)[sect.name]
-        lines += ["", f"[{sect.name}]"]
-        doc = (cls.__doc__ or "").strip()
-        if doc:
-            lines.append(f"# {doc}")
-        default = cls()
-        for f in dataclasses.fields(cls):
-            value = getattr(default, f.name)
-            if isinstance(value, bool):
-                text = "true" if value else "false"
-            elif isinstance(value, (int, float)):
-                text = repr(value)
-            else:
-                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            lines.append(f"{f.name} = {text}")
+    header = (
+        "# ncclwatch configuration. Every key can be overridden by the environment:\n"
+        "# NCCLWATCH_<SECTION>_<KEY>, e.g. NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS=broker:9092\n\n"
+    )
+    return header + dumps(Config(), comments=True)
+
+
+def dumps(cfg: Config, *, comments: bool = False) -> str:
+    """The configuration as a TOML document, secrets redacted (`ncclwatch config show`).
+
+    ``tomllib.loads(dumps(cfg)) == redacted(cfg)``: every value comes back as it was.
+
+    >>> text = dumps(load(None, environ={"NCCLWATCH_TOPICS_PREFIX": "run7."}))
+    >>> tomllib.loads(text)["topics"]["ops"]
+    'run7.nccl.ops'
+    """
+    lines: list[str] = []
+    hints = get_type_hints(Config)
+    for name, values in redacted(cfg).items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{name}]")
+        doc = inspect.cleandoc(hints[name].__doc__ or "") if comments else ""
+        lines += [f"# {line}".rstrip() for line in doc.splitlines()]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_value(value: Any) -> str:
+    r"""One TOML value: bool, integer, float or basic string.
+
+    >>> [_toml_value(v) for v in (True, 7, 0.1, 1e-05, float("inf"))]
+    ['true', '7', '0.1', '1e-05', 'inf']
+    >>> print(_toml_value('a "b"\\c\n\x7f'))
+    "a \"b\"\\c\n\u007f"
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # Python's shortest repr ("0.1", "1e-05", "5.0") is a TOML float
+    out = []
+    for ch in str(value):
+        code = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            # a lone surrogate (an undecodable byte in the environment) is no Unicode
+            # scalar value, which is all a TOML string can hold
+            out.append("\\ufffd")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def redacted(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -1,9 +1,8 @@
-"""``ncclwatch config example|show``."""
+"""``ncclwatch config example|show``: both print TOML that ``-c FILE`` reads back."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from ncclwatch import config
 
@@ -16,5 +15,6 @@ def run(args: argparse.Namespace, cfg: config.Config) -> int:
     if args.what == "example":
         print(config.example(), end="")
     else:
-        print(json.dumps(config.redacted(cfg), indent=2))
+        # the effective configuration (file, then environment), secrets as "***"
+        print(config.dumps(cfg), end="")
     return 0
