@@ -24,6 +24,8 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from ncclwatch.records import ThroughputRecord, to_json
 from ncclwatch.rules import safe_filename
@@ -40,18 +42,85 @@ _fds: dict[str, int] = {}
 _lock = threading.Lock()  # several threads of one process may report; open once
 
 
-def job_id(environ: os._Environ | dict | None = None) -> str:
-    """The job id as the plugin derives it.
+# Where a job id comes from, first match wins (docs/deploy.md, "Job identity"). The plugin
+# mirrors this in plugin/src/config.c; tests/vectors/job_id.json holds the cases both pass.
+# Kubernetes sets none of the *_NAME variables by itself: a pod exposes its workload's label
+# or annotation through the downward API (the chart's training-pod snippet sets them all;
+# a label the pod does not carry gives an empty value, which is skipped).
+EXPLICIT_SOURCES = ("NCCLWATCH_JOB_ID", "SLURM_JOB_ID")
+K8S_SOURCES = (
+    ("PYTORCHJOB_NAME", "label training.kubeflow.org/job-name"),  # Kubeflow Training Operator
+    ("JOBSET_NAME", "label jobset.sigs.k8s.io/jobset-name"),  # JobSet, Kubeflow Trainer v2
+    ("VC_JOB_NAME", "annotation volcano.sh/job-name"),  # Volcano
+    ("K8S_JOB_NAME", "label batch.kubernetes.io/job-name"),  # a plain batch/v1 Job
+)
+K8S_NAMESPACE = "POD_NAMESPACE"  # prefixes a Kubernetes name: "<namespace>/<name>"
+ELASTIC_SOURCE = "TORCHELASTIC_RUN_ID"
+# torchrun's --rdzv-id defaults to "none": every job started without one would share it.
+ELASTIC_UNSET = "none"
+FALLBACK_JOB = "unknown"
+_job_warned = False
+
+
+class JobIdentity(NamedTuple):
+    """A job id and the variable it came from (``None``: the meaningless fallback)."""
+
+    job: str
+    source: str | None
+
+
+def job_identity(environ: Mapping[str, str] | None = None) -> JobIdentity:
+    """The job id as the plugin derives it, and where it came from.
+
+    >>> job_identity({"SLURM_JOB_ID": "42", "JOBSET_NAME": "llm"})
+    JobIdentity(job='42', source='SLURM_JOB_ID')
+    >>> job_identity({"JOBSET_NAME": "llm", "POD_NAMESPACE": "team-a"})
+    JobIdentity(job='team-a/llm', source='JOBSET_NAME')
+    >>> job_identity({"TORCHELASTIC_RUN_ID": "none"})
+    JobIdentity(job='unknown', source=None)
+    """
+    env = os.environ if environ is None else environ
+    for name in EXPLICIT_SOURCES:
+        if env.get(name):
+            return JobIdentity(env[name], name)
+    for name, _ in K8S_SOURCES:
+        if env.get(name):
+            namespace = env.get(K8S_NAMESPACE)
+            return JobIdentity(f"{namespace}/{env[name]}" if namespace else env[name], name)
+    elastic = env.get(ELASTIC_SOURCE)
+    if elastic and elastic != ELASTIC_UNSET:
+        return JobIdentity(elastic, ELASTIC_SOURCE)
+    return JobIdentity(FALLBACK_JOB, None)
+
+
+def fallback_warning(environ: Mapping[str, str]) -> str:
+    """What to tell someone whose job fell back to the meaningless id."""
+    names = [*EXPLICIT_SOURCES, *(n for n, _ in K8S_SOURCES), ELASTIC_SOURCE]
+    why = f"none of {', '.join(names)} is set"
+    if environ.get(ELASTIC_SOURCE) == ELASTIC_UNSET:
+        why += f" ({ELASTIC_SOURCE}=none is torchrun's default without --rdzv-id)"
+    return (
+        f"ncclwatch: no job id in the environment: {why}. Records are labelled "
+        f"{FALLBACK_JOB!r} and mixed with every other unlabelled job on this node; "
+        "set NCCLWATCH_JOB_ID (docs/deploy.md, 'Job identity')"
+    )
+
+
+def job_id(environ: Mapping[str, str] | None = None) -> str:
+    """The job id as the plugin derives it; warns once per process when this process's
+    own environment names no job.
 
     >>> job_id({"SLURM_JOB_ID": "42"}), job_id({})
     ('42', 'unknown')
     """
-    env = os.environ if environ is None else environ
-    for name in ("NCCLWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        value = env.get(name)
-        if value:
-            return value
-    return "unknown"
+    global _job_warned
+    ident = job_identity(environ)
+    if ident.source is None and environ is None and not _job_warned:
+        _job_warned = True
+        msg = fallback_warning(os.environ)
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.warning(msg)
+    return ident.job
 
 
 def spool_path(spool_dir: str, job: str, host: str, pid: int) -> str:

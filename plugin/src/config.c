@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,11 +93,44 @@ void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn) {
       (uint32_t)nw_env_u64("NCCLWATCH_TEST_WRITER_DELAY_US", 0, 0, 1000000, logfn);
 }
 
-const char* nw_config_job_id(void) {
-  static const char* const names[] = {"NCCLWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    const char* v = getenv(names[i]);
-    if (v && v[0]) return v;
+/* First match wins; an empty value counts as unset (a downward-API variable whose label the
+ * pod lacks is empty). The order is documented in docs/deploy.md, mirrored by
+ * ncclwatch.ingest.throughput.job_identity, and both pass tests/vectors/job_id.json. */
+static const char* const nw_job_explicit[] = {"NCCLWATCH_JOB_ID", "SLURM_JOB_ID"};
+/* Kubernetes workload names, exposed from the pod's labels/annotations by the downward API:
+ * Kubeflow Training Operator, JobSet (and Kubeflow Trainer v2), Volcano, a batch/v1 Job. */
+static const char* const nw_job_k8s[] = {"PYTORCHJOB_NAME", "JOBSET_NAME", "VC_JOB_NAME",
+                                         "K8S_JOB_NAME"};
+
+static const char* nw_env_nonempty(const char* name) {
+  const char* v = getenv(name);
+  return v && v[0] ? v : NULL;
+}
+
+const char* nw_config_job_id(char* out, size_t len) {
+  const char* v;
+  for (size_t i = 0; i < sizeof nw_job_explicit / sizeof nw_job_explicit[0]; i++) {
+    if ((v = nw_env_nonempty(nw_job_explicit[i]))) {
+      snprintf(out, len, "%s", v);
+      return nw_job_explicit[i];
+    }
   }
-  return "unknown";
+  for (size_t i = 0; i < sizeof nw_job_k8s / sizeof nw_job_k8s[0]; i++) {
+    if ((v = nw_env_nonempty(nw_job_k8s[i]))) {
+      /* Names are unique only within a namespace. */
+      const char* ns = nw_env_nonempty("POD_NAMESPACE");
+      if (ns)
+        snprintf(out, len, "%s/%s", ns, v);
+      else
+        snprintf(out, len, "%s", v);
+      return nw_job_k8s[i];
+    }
+  }
+  /* torchrun's --rdzv-id defaults to "none": every job started without one shares it. */
+  if ((v = nw_env_nonempty("TORCHELASTIC_RUN_ID")) && strcmp(v, "none") != 0) {
+    snprintf(out, len, "%s", v);
+    return "TORCHELASTIC_RUN_ID";
+  }
+  snprintf(out, len, "%s", NW_JOB_FALLBACK);
+  return NULL;
 }

@@ -4,6 +4,7 @@
 #define NW_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nw_profiler_abi.h"
@@ -31,7 +32,12 @@ struct nw_config {
  * and replaced by its default. */
 void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn);
 
-/* The job id: NCCLWATCH_JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID, else "unknown". */
-const char* nw_config_job_id(void);
+#define NW_JOB_FALLBACK "unknown"
+
+/* The job id, written into out (cut to len - 1 bytes): NCCLWATCH_JOB_ID, SLURM_JOB_ID, a
+ * Kubernetes workload name (PYTORCHJOB_NAME, JOBSET_NAME, VC_JOB_NAME, K8S_JOB_NAME; as
+ * "<POD_NAMESPACE>/<name>" when POD_NAMESPACE is set), TORCHELASTIC_RUN_ID unless "none",
+ * else NW_JOB_FALLBACK. Returns the variable it came from, or NULL for the fallback. */
+const char* nw_config_job_id(char* out, size_t len);
 
 #endif

@@ -284,7 +284,9 @@ static int nw_global_start(nw_nccl_logger logfn, int version, const char* gpu, i
   nw_g.iface_version = version;
   free(nw_g.job);
   free(nw_g.host);
-  nw_g.job = nw_utf8_repair(nw_config_job_id(), NW_NAME_MAX);
+  char job[NW_NAME_MAX + 1];
+  const char* job_source = nw_config_job_id(job, sizeof job);
+  nw_g.job = nw_utf8_repair(job, NW_NAME_MAX);
   char hn[256] = "";
   if (gethostname(hn, sizeof hn - 1) != 0) strcpy(hn, "unknown");
   hn[sizeof hn - 1] = '\0';
@@ -304,8 +306,24 @@ static int nw_global_start(nw_nccl_logger logfn, int version, const char* gpu, i
     return -1;
   }
   if (!atexit_done) atexit_done = __cxa_atexit(nw_at_exit, NULL, __dso_handle) == 0;
-  NW_LOG(NW_LOG_INFO, "ncclwatch: profiler plugin v%d loaded; spool %s/%s, job \"%s\"", version,
-         nw_g.cfg.spool_dir, nw_g.job_safe, nw_g.job);
+  NW_LOG(NW_LOG_INFO, "ncclwatch: profiler plugin v%d loaded; spool %s/%s, job \"%s\" (from %s)",
+         version, nw_g.cfg.spool_dir, nw_g.job_safe, nw_g.job,
+         job_source ? job_source : "no variable: fallback");
+  static bool job_warned;
+  const char* elastic = getenv("TORCHELASTIC_RUN_ID");
+  if (!job_source && !job_warned) {
+    job_warned = true;
+    /* On stderr: NCCL's logger prints nothing unless NCCL_DEBUG is set, and a job labelled
+     * "unknown" is silently mixed with every other unlabelled job on the node. */
+    fprintf(stderr,
+            "ncclwatch: WARNING: no job id in the environment (none of NCCLWATCH_JOB_ID, "
+            "SLURM_JOB_ID, PYTORCHJOB_NAME, JOBSET_NAME, VC_JOB_NAME, K8S_JOB_NAME, "
+            "TORCHELASTIC_RUN_ID is set%s); records are labelled \"%s\" and mixed with every "
+            "other unlabelled job on this node: set NCCLWATCH_JOB_ID\n",
+            elastic && !strcmp(elastic, "none") ? "; TORCHELASTIC_RUN_ID=none is torchrun's default"
+                                                 : "",
+            NW_JOB_FALLBACK);
+  }
   return 0;
 }
 

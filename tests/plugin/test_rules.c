@@ -1,13 +1,14 @@
 /* The C mirror of ncclwatch/rules.py against the shared vectors, plus the text helpers
  * (JSON escaping, UTF-8 repair, float formatting, safe file names).
  *
- * Usage: test_rules tests/vectors/rules.json
+ * Usage: test_rules tests/vectors/rules.json [tests/vectors/job_id.json]
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "json.h"
 #include "minijson.h"
 #include "rules.h"
@@ -176,22 +177,64 @@ static void test_text(void) {
   CHECK(b.overflow && b.len == 0, "buffer overflow is flagged, not written past");
 }
 
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s rules.json\n", argv[0]);
-    return 2;
+/* Job identity (config.c) against the cases ncclwatch.ingest.throughput passes too. Each
+ * case is the whole environment: every variable the rules read is cleared first. */
+static void test_job_id(const struct mj* v) {
+  static const char* const vars[] = {"NCCLWATCH_JOB_ID", "SLURM_JOB_ID", "PYTORCHJOB_NAME",
+                                     "JOBSET_NAME", "VC_JOB_NAME", "K8S_JOB_NAME",
+                                     "POD_NAMESPACE", "TORCHELASTIC_RUN_ID"};
+  const struct mj* cases = mj_get(v, "cases");
+  CHECK(cases && cases->n >= 10, "job_id cases present");
+  for (size_t i = 0; cases && i < cases->n; i++) {
+    const struct mj* c = &cases->items[i];
+    for (size_t k = 0; k < sizeof vars / sizeof vars[0]; k++) unsetenv(vars[k]);
+    const struct mj* env = mj_get(c, "env");
+    for (size_t k = 0; env && k < env->n; k++) setenv(env->keys[k], env->items[k].str, 1);
+    char job[256];
+    const char* source = nw_config_job_id(job, sizeof job);
+    const struct mj* want_source = mj_get(c, "source");
+    CHECK(strcmp(job, mj_str(c, "job")) == 0, "job_id case %zu: %s, want %s", i, job, mj_str(c, "job"));
+    if (want_source->type == MJ_NULL)
+      CHECK(source == NULL, "job_id case %zu: source %s, want the fallback", i, source);
+    else
+      CHECK(source && strcmp(source, want_source->str) == 0, "job_id case %zu: source %s, want %s", i,
+            source ? source : "(fallback)", want_source->str);
   }
+  char small[8];
+  setenv("NCCLWATCH_JOB_ID", "a-very-long-job-id", 1);
+  nw_config_job_id(small, sizeof small);
+  CHECK(strcmp(small, "a-very-") == 0, "a long job id is cut to the buffer: %s", small);
+  unsetenv("NCCLWATCH_JOB_ID");
+}
+
+static struct mj* load_json(const char* path, char** text) {
   size_t len;
-  char* text = read_file(argv[1], &len);
-  if (!text) {
-    perror(argv[1]);
-    return 2;
+  *text = read_file(path, &len);
+  if (!*text) {
+    perror(path);
+    return NULL;
   }
   char err[256];
-  struct mj* v = mj_parse(text, len, err, sizeof err);
-  if (!v) {
-    fprintf(stderr, "%s: %s\n", argv[1], err);
+  struct mj* v = mj_parse(*text, len, err, sizeof err);
+  if (!v) fprintf(stderr, "%s: %s\n", path, err);
+  return v;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: %s rules.json [job_id.json]\n", argv[0]);
     return 2;
+  }
+  char* text;
+  struct mj* v = load_json(argv[1], &text);
+  if (!v) return 2;
+  if (argc == 3) {
+    char* job_text;
+    struct mj* jv = load_json(argv[2], &job_text);
+    if (!jv) return 2;
+    test_job_id(jv);
+    mj_free(jv);
+    free(job_text);
   }
   test_vectors(v);
   test_rules_extra();
