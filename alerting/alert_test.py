@@ -20,10 +20,13 @@ from typing import Any
 from ncclwatch.alerting.alertmanager import AlertmanagerClient, AlertmanagerError
 from ncclwatch.alerting.alerts import TEST_ALERT_NAME, AlertLinks, iso, parse_static_labels
 
+from ncclwatch import progress
+
 # The test alert's endsAt lies this far past the planned resolution: if the resolution is
 # lost, the alert still ends by itself soon after.
 ENDS_MARGIN_S = 60.0
 RESOLVE_RETRY_S = 30.0
+PROGRESS_EVERY_S = 10.0  # off a terminal: a status line this often while waiting
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +55,7 @@ def build_test_alert(severity: str, job: str, duration_s: float, links: AlertLin
                 f"Sent at {iso(now_ns)} to check that {severity} alerts reach on-call; "
                 f"it resolves by itself after {duration_s:g} s. No action needed."
             ),
-            "runbook_url": links.runbook(TEST_ALERT_NAME),
+            **({"runbook_url": links.runbook(TEST_ALERT_NAME)} if links.runbook_base_url else {}),
         },
         "startsAt": iso(now_ns),
         "endsAt": iso(now_ns + int((duration_s + ENDS_MARGIN_S) * 1e9)),
@@ -72,6 +75,34 @@ def _receivers(client: AlertmanagerClient, alert: dict[str, Any]) -> list[str] |
     return None
 
 
+def _state(client: AlertmanagerClient, alert: dict[str, Any]) -> str:
+    """What Alertmanager shows for the alert now: active, suppressed, or why unknown."""
+    try:
+        held = client.get_alerts(anomaly_id=alert["labels"]["anomaly_id"])
+    except AlertmanagerError as e:
+        return f"unknown ({e})"
+    return ", ".join(sorted({a.get("status", {}).get("state", "?") for a in held})) or "not held"
+
+
+def _wait(client: AlertmanagerClient, alert: dict[str, Any], duration_s: float) -> None:
+    """Wait ``duration_s`` before resolving, saying so: a countdown bar on a terminal,
+    else a line now and every ``PROGRESS_EVERY_S`` with the alert's state in Alertmanager."""
+    print(f"firing for {duration_s:g} s, then resolving (Ctrl-C: resolve now)", flush=True)
+    deadline = time.monotonic() + duration_s
+    with progress.bar(round(duration_s), "resolving in", unit="s",
+                      bar_format="{desc} {remaining} [{bar}] {postfix}") as countdown:
+        next_line = time.monotonic() + PROGRESS_EVERY_S
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 1.0))
+            countdown.n = round(duration_s - max(0.0, deadline - time.monotonic()))
+            if countdown.disable and time.monotonic() >= next_line and deadline - time.monotonic() > 0.5:
+                next_line += PROGRESS_EVERY_S
+                print(f"  in Alertmanager: {_state(client, alert)}; resolving in "
+                      f"{deadline - time.monotonic():.0f} s", flush=True)
+            elif not countdown.disable:
+                countdown.set_postfix_str(f"Alertmanager: {_state(client, alert)}", refresh=True)
+
+
 def run(args: argparse.Namespace, cfg: Any) -> int:
     url = args.url or cfg.alerting.alertmanager_url
     if not url:
@@ -79,12 +110,12 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
               "(or NCCLWATCH_ALERTING_ALERTMANAGER_URL) or pass --url", file=sys.stderr)
         return 2
     try:
-        client = AlertmanagerClient(url)
+        client = AlertmanagerClient.from_config(cfg.alerting, url)
         static = parse_static_labels(cfg.alerting.alert_labels)
+        links = AlertLinks(cfg.alerting.grafana_url, cfg.alerting.runbook_base_url)
     except ValueError as e:
         print(f"ncclwatch alert-test: {e}", file=sys.stderr)
         return 2
-    links = AlertLinks(cfg.alerting.grafana_url, cfg.alerting.runbook_base_url)
     alert = build_test_alert(args.severity, args.job, args.duration, links, static, time.time_ns())
     labels = alert["labels"]
     try:
@@ -98,7 +129,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     print(f"sent {TEST_ALERT_NAME} severity={labels['severity']} test=true "
           f"anomaly_id={labels['anomaly_id']} to {url}; routed to: {routed}", flush=True)
     try:
-        time.sleep(max(0.0, args.duration))
+        _wait(client, alert, max(0.0, args.duration))
     except KeyboardInterrupt:
         print("interrupted: resolving now", file=sys.stderr)
     alert["endsAt"] = iso(time.time_ns())

@@ -30,13 +30,17 @@ False
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from urllib.parse import quote
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +64,86 @@ class AlertmanagerRejected(AlertmanagerError):
 REJECTED_STATUSES = frozenset((400, 422))
 
 
-def http_send(method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:
+def http_send(
+    method: str,
+    url: str,
+    body: bytes | None,
+    timeout_s: float,
+    *,
+    context: ssl.SSLContext | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, bytes]:
     """The default ``send``: urllib, JSON body, no proxies from the environment.
 
     Proxies are ignored because Alertmanager is normally on the cluster network and an
-    inherited ``http_proxy`` would send alerts somewhere else.
+    inherited ``http_proxy`` would send alerts somewhere else. ``context`` verifies an
+    https:// server (None: the system's CAs); ``headers`` carry the credentials.
     """
     req = urllib.request.Request(url, data=body, method=method)
     if body is not None:
         req.add_header("Content-Type", "application/json")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for name, value in (headers or {}).items():
+        req.add_header(name, value)
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
     try:
         with opener.open(req, timeout=timeout_s) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def auth_headers(
+    username: str = "", password: str = "", bearer_token: str = "", bearer_token_file: str = ""
+) -> Callable[[], dict[str, str]]:
+    """What each request sends to authenticate: basic auth or a bearer token, never both.
+
+    The token file is read per request, so a rotated token (a Kubernetes projected
+    service-account token, say) is picked up without a restart.
+
+    >>> auth_headers("am", "s3cret")()
+    {'Authorization': 'Basic YW06czNjcmV0'}
+    >>> auth_headers(bearer_token="t0k")()
+    {'Authorization': 'Bearer t0k'}
+    >>> auth_headers()()
+    {}
+    """
+    if sum(map(bool, (username, bearer_token, bearer_token_file))) > 1:
+        raise ValueError("alertmanager auth: set basic auth (username/password) or one bearer token, not several")
+    if password and not username:
+        raise ValueError("alertmanager auth: a password needs alertmanager_username")
+    if username:
+        basic = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+        return lambda: {"Authorization": basic}
+    if bearer_token:
+        return lambda: {"Authorization": f"Bearer {bearer_token}"}
+    if bearer_token_file:
+        path = Path(bearer_token_file)
+        return lambda: {"Authorization": f"Bearer {path.read_text().strip()}"}
+    return dict
+
+
+def http_sender(
+    *, ca_file: str = "", cert_file: str = "", key_file: str = "", headers: Callable[[], dict[str, str]] = dict
+) -> SendFn:
+    """An :func:`http_send` with TLS settings (CA bundle, client certificate for mutual
+    TLS) and auth headers; files are checked now, so a wrong path fails at start."""
+    if key_file and not cert_file:
+        raise ValueError("alertmanager TLS: a key file needs alertmanager_cert_file")
+    context = None
+    if ca_file or cert_file:
+        try:
+            context = ssl.create_default_context(cafile=ca_file or None)
+            if cert_file:
+                context.load_cert_chain(cert_file, key_file or None)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"alertmanager TLS files: {e}") from None
+
+    def send(method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:
+        return http_send(method, url, body, timeout_s, context=context, headers=headers())
+
+    return send
 
 
 class AlertmanagerClient:
@@ -106,6 +175,9 @@ class AlertmanagerClient:
     ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"alertmanager_url must be http(s)://..., got {url!r}")
+        if urlsplit(url).password is not None:
+            # it would be printed in every error message and log line that names the URL
+            raise ValueError("alertmanager_url holds a password: use alertmanager_username/_password instead")
         if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
         self.url = url.rstrip("/")
@@ -118,6 +190,22 @@ class AlertmanagerClient:
         self._next_try = 0.0
         self.failures = 0  # consecutive
         self.last_error = ""
+
+    @classmethod
+    def from_config(cls, cfg: Any, url: str = "", **kwargs: Any) -> AlertmanagerClient:
+        """From ``config.alerting``: its URL (or ``url``), TLS files and credentials."""
+        url = url or cfg.alertmanager_url
+        headers = auth_headers(cfg.alertmanager_username, cfg.alertmanager_password,
+                               cfg.alertmanager_bearer_token, cfg.alertmanager_bearer_token_file)
+        try:
+            has_credentials = bool(headers())
+        except OSError as e:  # the token file
+            raise ValueError(f"alertmanager_bearer_token_file: {e}") from None
+        if url.startswith("http://") and has_credentials:
+            log.warning("alertmanager credentials go over plain http to %s: use https://", url)
+        send = http_sender(ca_file=cfg.alertmanager_ca_file, cert_file=cfg.alertmanager_cert_file,
+                           key_file=cfg.alertmanager_key_file, headers=headers)
+        return cls(url, send=send, **kwargs)
 
     def post_alerts(self, alerts: list[dict]) -> None:
         """One attempt; raises :class:`AlertmanagerError`. Ignores the backoff."""

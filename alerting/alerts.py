@@ -100,13 +100,34 @@ def parse_static_labels(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class AlertLinks:
-    """Where alerts link to: Grafana and the runbooks (``config.alerting``)."""
+    """Where alerts link to: Grafana and the runbooks (``config.alerting``), as on-call
+    reaches them. Either may be empty: that link is left out, never guessed.
 
-    grafana_url: str = "http://127.0.0.1:3000"
-    runbook_base_url: str = "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks"
+    >>> links = AlertLinks("https://grafana.example.com/", "https://wiki.example.com/runbooks")
+    >>> links.runbook("NcclStragglerRank")
+    'https://wiki.example.com/runbooks/NcclStragglerRank.md'
+    >>> links.grafana("/d/ncclwatch-job?from=now-1h"), AlertLinks().grafana("/d/x"), AlertLinks().runbook("X")
+    ('https://grafana.example.com/d/ncclwatch-job?from=now-1h', '', '')
+    """
+
+    grafana_url: str = ""
+    runbook_base_url: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("grafana_url", "runbook_base_url"):
+            url = getattr(self, name)
+            # quotes and braces would break the YAML and templates the rules carry them in
+            if url and (not url.startswith(("http://", "https://")) or set(url) & set('"{}\\ ')):
+                raise ValueError(f"alerting.{name} must be an http(s):// URL, got {url!r}")
 
     def runbook(self, alertname: str) -> str:
+        if not self.runbook_base_url:
+            return ""
         return f"{self.runbook_base_url.rstrip('/')}/{alertname}.md"
+
+    def grafana(self, path: str) -> str:
+        """``path`` (``/d/<uid>?...``) under Grafana's URL; "" without one."""
+        return f"{self.grafana_url.rstrip('/')}{path}" if self.grafana_url else ""
 
     def dashboard(
         self, uid: str, variables: dict[str, str], from_ns: int, to_ns: int | None
@@ -115,7 +136,7 @@ class AlertLinks:
         query: list[tuple[str, str]] = [(f"var-{k}", v) for k, v in variables.items() if v]
         query.append(("from", str(from_ns // 1_000_000)))
         query.append(("to", "now" if to_ns is None else str(to_ns // 1_000_000)))
-        return f"{self.grafana_url.rstrip('/')}/d/{uid}?{urlencode(query)}"
+        return self.grafana(f"/d/{uid}?{urlencode(query)}")
 
 
 def iso(ts_ns: int) -> str:
@@ -244,6 +265,7 @@ def alert_from_event(
         "attribution": ev.attribution,
         "since": iso(ev.start_ns),
     }
+    annotations = {k: v for k, v in annotations.items() if v}  # links not configured: none
     if ev.key.get("comm_name"):
         annotations["comm_name"] = ev.key["comm_name"]
     if ev.baseline_busbw_gbs is not None:
@@ -258,12 +280,10 @@ def alert_from_event(
         if len(text) > MAX_EVIDENCE_CHARS:
             text = text[:MAX_EVIDENCE_CHARS] + "…"
         annotations["evidence"] = text
-    return {
-        "labels": labels,
-        "annotations": annotations,
-        "startsAt": iso(ev.start_ns),
-        "generatorURL": dashboard,
-    }
+    alert = {"labels": labels, "annotations": annotations, "startsAt": iso(ev.start_ns)}
+    if dashboard:
+        alert["generatorURL"] = dashboard
+    return alert
 
 
 def format_line(alert: dict[str, Any], state: str) -> str:

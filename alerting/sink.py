@@ -140,7 +140,7 @@ class AlertSink:
         cls, cfg: Any, *, state_dir: str | Path | None = None, **kwargs: Any
     ) -> AlertSink:
         """Build from ``config.alerting``; no ``alertmanager_url`` means print mode."""
-        client = AlertmanagerClient(cfg.alertmanager_url) if cfg.alertmanager_url else None
+        client = AlertmanagerClient.from_config(cfg) if cfg.alertmanager_url else None
         return cls(
             client=client,
             links=AlertLinks(cfg.grafana_url, cfg.runbook_base_url),

@@ -17,6 +17,7 @@ ncclwatch_job_tflops_per_gpu          gauge      job
 ncclwatch_rank_relative_exec          gauge      job, comm, rank (straggler score)
 ncclwatch_detector_records_total      counter    kind
 ncclwatch_detector_lag_seconds        gauge      (wall clock - newest record time)
+ncclwatch_detector_input_live         gauge      (1 live input, 0 a replay: lag is its age)
 ncclwatch_detector_keys               gauge      (keys tracked)
 ====================================  =========  ===============================================
 
@@ -69,6 +70,9 @@ class DetectorMetrics:
         Bound on key series and on rank series (``config.detector.max_metric_keys``).
     clock
         Wall clock (seconds) for the lag gauge.
+    live
+        Whether the input is live (a running job) or a replay of a recording, whose lag
+        is the recording's age rather than lateness; alert rules on lag look at it.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class DetectorMetrics:
         *,
         max_keys: int = 2000,
         clock: Callable[[], float] = time.time,
+        live: bool = True,
     ):
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
@@ -126,6 +131,11 @@ class DetectorMetrics:
             registry=r)
         self.keys = Gauge(
             "ncclwatch_detector_keys", "Keys the detector tracks", registry=r)
+        self.input_live = Gauge(
+            "ncclwatch_detector_input_live",
+            "1 while the detector reads live input, 0 while it replays a recording",
+            registry=r)
+        self.input_live.set(1 if live else 0)
         self._pipelines: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lag_override: float | None = None
         self._key_lru: OrderedDict[tuple[str, ...], tuple[Any, Any, Any]] = OrderedDict()

@@ -91,6 +91,13 @@ COMMANDS = (
         "can check that the route reaches on-call.",
     ),
     Command(
+        "alert-rules",
+        "ncclwatch.alerting.prom_rules",
+        "print the Prometheus alerting rules with this deployment's Grafana and runbook links",
+        "Prints alerting/rules/ncclwatch.rules.yml with dashboard_url and runbook_url made from "
+        "[alerting] grafana_url and runbook_base_url (or the options), for Prometheus's rule_files.",
+    ),
+    Command(
         "config",
         "ncclwatch.config_cmd",
         "print the example configuration or the effective one (secrets redacted)",

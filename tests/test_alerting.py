@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,16 +18,17 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from ncclwatch.alerting import alerts
+from ncclwatch.alerting import alerts, prom_rules
 from ncclwatch.alerting.alertmanager import AlertmanagerClient
 from ncclwatch.alerting.outbox import JOURNAL_NAME, Outbox
 from ncclwatch.alerting.sink import AlertSink
 
-from ncclwatch import cli
+from ncclwatch import cli, config
 from ncclwatch.records import ANOMALY_TYPES, AnomalyEvent, from_json, to_dict
 
 ALERTING = Path(__file__).resolve().parent.parent / "alerting"
 T0_NS = 1_763_000_000_000_000_000  # 2025-11-13, a fixed stream time
+LINKS = alerts.AlertLinks("https://grafana.example.com", "https://runbooks.example.com/ncclwatch")
 
 
 def event(**over) -> AnomalyEvent:
@@ -130,10 +133,51 @@ def ts(text: str) -> int:
 @pytest.mark.parametrize("typ", ANOMALY_TYPES)
 def test_every_anomaly_type_has_an_alert_name_and_a_runbook(typ):
     name = alerts.ALERT_NAMES[typ]
-    a = alerts.alert_from_event(event(type=typ), alerts.AlertLinks())
+    a = alerts.alert_from_event(event(type=typ), LINKS)
     assert a["labels"]["alertname"] == name
-    assert a["annotations"]["runbook_url"].endswith(f"/docs/runbooks/{name}.md")
+    assert a["annotations"]["runbook_url"] == f"https://runbooks.example.com/ncclwatch/{name}.md"
     assert (ALERTING.parent / "docs" / "runbooks" / f"{name}.md").is_file()
+
+
+def test_without_configured_urls_alerts_carry_no_links_rather_than_guessed_ones():
+    a = alerts.alert_from_event(event(), alerts.AlertLinks())
+    assert "runbook_url" not in a["annotations"] and "dashboard_url" not in a["annotations"]
+    assert "generatorURL" not in a
+    assert config.AlertingConfig().grafana_url == config.AlertingConfig().runbook_base_url == ""
+    with pytest.raises(ValueError, match="grafana_url"):
+        alerts.AlertLinks(grafana_url="grafana:3000")
+
+
+def test_no_grafana_or_runbook_host_is_hard_coded_in_alerting_or_dashboards():
+    sources = [*ALERTING.rglob("*.py"), *ALERTING.rglob("*.yml"), *(ALERTING.parent / "dashboards").rglob("*.py")]
+    for path in sources:
+        text = path.read_text()
+        assert "127.0.0.1:3000" not in text and "github.com/ncclwatch" not in text, path
+
+
+def test_rendered_rules_link_to_the_configured_grafana_and_runbooks_like_the_sink():
+    text = prom_rules.render(LINKS)
+    names = set(re.findall(r"(?m)^\s*- alert: (\w+)$", text))
+    runbooks = re.findall(r'runbook_url: "([^"]+)"', text)
+    assert {u.rsplit("/", 1)[1] for u in runbooks} == {f"{n}.md" for n in names}
+    assert all(u.startswith("https://runbooks.example.com/ncclwatch/") for u in runbooks)
+    dashboards = re.findall(r'dashboard_url: "([^"]+)"', text)
+    assert len(dashboards) == len(re.findall(r"(?m)^\s*- alert: ", text))
+    assert all(u.startswith("https://grafana.example.com/d/ncclwatch-") for u in dashboards)
+    sink_alert = alerts.alert_from_event(event(type="straggler"), LINKS)
+    assert sink_alert["annotations"]["runbook_url"] in runbooks
+
+
+def test_alert_rules_command_prints_the_rules_with_links_from_the_config(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[alerting]\ngrafana_url = "{LINKS.grafana_url}"\nrunbook_base_url = "{LINKS.runbook_base_url}"\n')
+    r = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "alert-rules", "-c", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == prom_rules.render(LINKS)
+    bad = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "alert-rules", "--grafana-url", "g:3000"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "grafana_url" in bad.stderr
 
 
 def test_alert_labels_identify_the_anomaly_and_leave_out_what_it_spans():
@@ -177,7 +221,7 @@ def test_dashboard_link_opens_the_right_dashboard_from_15_min_before_start(typ, 
 
 
 def test_dashboard_link_of_a_resolved_anomaly_ends_at_its_end():
-    a = alerts.alert_from_event(resolved(event(), T0_NS + 60 * 10**9), alerts.AlertLinks())
+    a = alerts.alert_from_event(resolved(event(), T0_NS + 60 * 10**9), LINKS)
     q = parse_qs(urlparse(a["generatorURL"]).query)
     assert q["to"] == [str((T0_NS + 60 * 10**9) // 10**6)]
 
@@ -315,6 +359,7 @@ def test_from_config_without_url_prints_and_with_url_sends(am):
     cfg = load(None, environ={"NCCLWATCH_ALERTING_ALERT_LABELS": "cluster=eu-1"})
     assert AlertSink.from_config(cfg.alerting).client is None
     cfg = load(None, environ={"NCCLWATCH_ALERTING_ALERTMANAGER_URL": am.url,
+                              "NCCLWATCH_ALERTING_GRAFANA_URL": "https://grafana.example.com",
                               "NCCLWATCH_ALERTING_ALERT_LABELS": "cluster=eu-1"})
     sink = AlertSink.from_config(cfg.alerting)
     sink.handle(event())
@@ -494,8 +539,8 @@ tests:
             exp_annotations:
               summary: "AllReduce 64MiB over net (comm 0xa) in job llm: bus bandwidth at 75% of baseline"
               description: "Observed bus bandwidth is 75% of its learned baseline for at least 1m (degraded below 90%)."
-              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclCollectiveDegraded.md"
-              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
+              runbook_url: "https://runbooks.example.com/ncclwatch/NcclCollectiveDegraded.md"
+              dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
   # scraped without honor_labels -> `exported_job`, copied back into `job`
   - interval: 15s
     input_series:
@@ -511,8 +556,8 @@ tests:
             exp_annotations:
               summary: "Straggler: rank 3 of comm 0xa in job llm keeps the other ranks waiting (its collectives take 0.60x their time)"
               description: "Relative execution time below 0.8 for at least 1m: this rank arrives late at every collective of its communicator and the others wait for it."
-              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclStragglerRank.md"
-              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
+              runbook_url: "https://runbooks.example.com/ncclwatch/NcclStragglerRank.md"
+              dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
   # a forwarder with data waiting and no ack for 1000 s alerts; an idle one does not
   - interval: 15s
     input_series:
@@ -536,15 +581,17 @@ tests:
             exp_annotations:
               summary: "ncclwatch forwarder n1:9465 has sent nothing to Kafka for 4m 0s"
               description: "Records are waiting (buffered or unread) but none was acknowledged by Kafka for over 2 minutes: Kafka unreachable or refusing, or the forwarder stuck."
-              runbook_url: "https://github.com/ncclwatch/ncclwatch/blob/main/docs/runbooks/NcclTelemetryLoss.md"
-              dashboard_url: "http://127.0.0.1:3000/d/ncclwatch-pipeline?from=now-1h&to=now"
+              runbook_url: "https://runbooks.example.com/ncclwatch/NcclTelemetryLoss.md"
+              dashboard_url: "https://grafana.example.com/d/ncclwatch-pipeline?from=now-1h&to=now"
 """  # noqa: E501
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
 def test_rules_fire_on_synthetic_series_with_and_without_honor_labels(tmp_path):
+    rules = tmp_path / "ncclwatch.rules.yml"
+    rules.write_text(prom_rules.render(LINKS))
     test_file = tmp_path / "rules_test.yml"
-    test_file.write_text(PROMTOOL_TEST.format(rules=ALERTING / "rules" / "ncclwatch.rules.yml"))
+    test_file.write_text(PROMTOOL_TEST.format(rules=rules))
     r = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

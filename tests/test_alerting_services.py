@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 from ncclwatch.alerting.alertmanager import AlertmanagerClient, AlertmanagerRejected
+from ncclwatch.alerting.alerts import AlertLinks
 from ncclwatch.alerting.outbox import JOURNAL_NAME
+from ncclwatch.alerting.prom_rules import render
 from ncclwatch.alerting.sink import AlertSink
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline
@@ -165,9 +167,12 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+LINKS = AlertLinks("https://grafana.example.com", "https://runbooks.example.com/ncclwatch")
+
+
 def make_sink(url: str, **kw: Any) -> AlertSink:
     client = AlertmanagerClient(url, timeout_s=2, backoff_initial_s=0.5, backoff_max_s=2)
-    return AlertSink(client=client, resend_interval_s=5, **kw)
+    return AlertSink(client=client, resend_interval_s=5, links=LINKS, **kw)
 
 
 def is_firing(name: str) -> Callable[[str, dict], bool]:
@@ -196,7 +201,7 @@ def test_anomaly_firing_then_resolved_reaches_on_call_with_labels_and_annotation
     ann = got["annotations"]
     assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
     assert "-13.0%" in ann["summary"]
-    assert ann["runbook_url"].endswith("/docs/runbooks/NcclNetworkPathDegraded.md")
+    assert ann["runbook_url"] == "https://runbooks.example.com/ncclwatch/NcclNetworkPathDegraded.md"
     assert "/d/ncclwatch-comm?" in ann["dashboard_url"] and f"var-job={job}" in ann["dashboard_url"]
 
     sink.handle(resolved(ev))
@@ -281,9 +286,23 @@ def test_alert_test_command_sends_a_labelled_alert_and_resolves_it(am, webhook, 
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "routed to: ncclwatch-page" in out.out
+    # not silent while it waits: it says when it resolves (a countdown bar on a terminal)
+    assert "firing for 2 s, then resolving (Ctrl-C: resolve now)" in out.out
+    assert out.out.index("routed to") < out.out.index("firing for") < out.out.index("resolved ")
     firing = webhook.wait(job, is_firing("NcclwatchTestAlert"))
     assert firing["path"] == "/page" and firing["labels"]["test"] == "true"
     webhook.wait(job, is_resolved("NcclwatchTestAlert"))
+
+
+def test_alert_test_reports_what_alertmanager_holds_while_it_waits(am, webhook, capsys, monkeypatch):
+    from ncclwatch.alerting import alert_test
+
+    monkeypatch.setattr(alert_test, "PROGRESS_EVERY_S", 0.5)
+    job = testing.unique_name("job")
+    rc = cli.main(["alert-test", "--url", am, "--duration", "2.5", "--job", job])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert re.search(r"(?m)^  in Alertmanager: active; resolving in [12] s$", out.out), out.out
 
 
 # --- Prometheus rules on scraped metrics ------------------------------------------------------
@@ -296,18 +315,19 @@ class DetectorRun:
     detector fires network_path), a healthy NVLink AllGather, and a 4-rank communicator
     whose rank 3 starts arriving late at t = 20 s (its exec time drops to 0.6 of the
     others'); the job's throughput falls from 310 to 268 TFLOP/s per GPU at t = 20 s.
-    Stream time starts 1000 s in the past, as in a replay, so the detector lags.
+    Stream time starts 1000 s in the past, as in a replay, so the detector lags; its
+    metrics say the input is a replay (``live=False``) unless told otherwise.
     """
 
     NET = "0x00000000000000a1"
     STRAGGLE = "0x00000000000000a2"
 
-    def __init__(self, job: str):
+    def __init__(self, job: str, live: bool = False):
 
         self.job = job
         self.t0_s = int(time.time()) - 1000
         self.pipeline = Pipeline(DetectorConfig(warmup_windows=5))
-        self.metrics = DetectorMetrics().bind(self.pipeline)
+        self.metrics = DetectorMetrics(live=live).bind(self.pipeline)
         self.registry = self.metrics.registry
         self.events: list[AnomalyEvent] = []
 
@@ -362,8 +382,8 @@ class Targets:
             tmp.write_text(json.dumps(change(groups)))
             os.replace(tmp, self.path)
 
-    def add(self, target: str) -> None:
-        self._edit(lambda gs: [*gs, {"targets": [target], "labels": {}}])
+    def add(self, target: str, **labels: str) -> None:
+        self._edit(lambda gs: [*gs, {"targets": [target], "labels": labels}])
 
     def remove(self, target: str) -> None:
         self._edit(lambda gs: [g for g in gs if target not in g.get("targets", [])])
@@ -373,8 +393,9 @@ def prom_alerts(prometheus_url: str) -> list[dict]:
     return testing.http_json(f"{prometheus_url}/api/v1/alerts")["data"]["alerts"]
 
 
-def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prometheus_url):
-    rules = ALERTING / "rules" / "ncclwatch.rules.yml"
+def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prometheus_url, tmp_path):
+    rules = tmp_path / "ncclwatch.rules.yml"
+    rules.write_text(render(LINKS))  # what `ncclwatch alert-rules` prints with links configured
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: scripts/setup.sh installs the prometheus package"
     check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
@@ -386,17 +407,21 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
     detector.feed(range(20))  # healthy: baselines learnt, 310 TFLOP/s
     assert detector.events == []
     stuck, idle = forwarder_metrics(job, stuck=True), forwarder_metrics(job, stuck=False)
+    live = DetectorMetrics(live=True)  # a live detector 1000 s behind its input
+    live.worker_batch(None, lag_s=1000.0)
     servers = [start_http_server(0, addr="127.0.0.1", registry=r)[0]
-               for r in (detector.registry, stuck.registry, idle.registry)]
-    target, stuck_target, idle_target = (f"127.0.0.1:{h.server_address[1]}" for h in servers)
+               for r in (detector.registry, stuck.registry, idle.registry, live.registry)]
+    target, stuck_target, idle_target, live_target = (f"127.0.0.1:{h.server_address[1]}" for h in servers)
+    down_target = refused_url().removeprefix("http://")  # a forwarder whose process is gone
     # The shipped rules with their `for:` durations cut to 1 s; expressions unchanged.
     text, n = re.subn(r"(?m)^(\s*for:) \S+$", r"\1 1s", rules.read_text())
     assert n >= 5
     rule_file = services.prometheus_rules_dir / f"{testing.unique_name('alerting')}.yml"
     rule_file.write_text(text)
     targets = Targets(services.prometheus_targets_file)
-    for t in (target, stuck_target, idle_target):
+    for t in (target, stuck_target, idle_target, live_target):
         targets.add(t)
+    targets.add(down_target, job="ncclwatch-forwarder")  # scraped as dashboards/prometheus.yml names it
     try:
         testing.reload(prometheus_url)
         stuck.plugin_drops(job, "node-3", 4242, "ring_full", 1)
@@ -416,6 +441,7 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
             ("NcclTelemetryLoss", "plugin_drops"),
             ("NcclTelemetryLoss", "detector_lag"),
             ("NcclTelemetryLoss", "forwarder_silent"),
+            ("NcclTelemetryLoss", "target_down"),
         }
         seen: set[tuple[str, str]] = set()
         firing: list[dict] = []
@@ -425,7 +451,8 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
                 a for a in prom_alerts(prometheus_url)
                 if a["state"] == "firing"
                 and (a["labels"].get("job") == job
-                     or a["labels"].get("instance") in (target, stuck_target, idle_target))
+                     or a["labels"].get("instance") in (target, stuck_target, idle_target, live_target,
+                                                       down_target))
             ]
             for a in firing:
                 lab = a["labels"]
@@ -434,6 +461,9 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
                     detail = lab["cause"]
                     if detail == "forwarder_silent":
                         detail += "@idle" if lab["instance"] == idle_target else ""
+                    expected_at = {"detector_lag": live_target, "target_down": down_target}
+                    if detail in expected_at and lab["instance"] != expected_at[detail]:
+                        detail += "@other"
                 seen.add((lab["alertname"], detail))
             time.sleep(0.5)
         assert want <= seen, f"missing {want - seen}; firing: {firing}"
@@ -442,13 +472,17 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
         assert ("NcclCollectiveDegraded", "AllGather") not in seen
         assert not {("NcclStragglerRank", r) for r in "012"} & seen
         assert ("NcclTelemetryLoss", "forwarder_silent@idle") not in seen
+        # the replay lags 1000 s too, which is the recording's age, not lateness; and only
+        # the target that is down is
+        assert ("NcclTelemetryLoss", "detector_lag@other") not in seen
+        assert ("NcclTelemetryLoss", "target_down@other") not in seen
         for a in firing:
             lab = a["labels"]
             if lab["alertname"] != "NcclTelemetryLoss" or lab["cause"] == "plugin_drops":
                 assert lab["job"] == job and "exported_job" not in lab
             assert lab["source"] == "prometheus"
     finally:
-        for t in (target, stuck_target, idle_target):
+        for t in (target, stuck_target, idle_target, live_target, down_target):
             targets.remove(t)
         rule_file.unlink()
         testing.reload(prometheus_url)

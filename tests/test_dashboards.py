@@ -120,6 +120,7 @@ def test_the_variables_alert_links_use_exist(dashboards):
 
 def test_alert_dashboard_urls_point_at_dashboards_and_variables_that_exist(dashboards):
     from ncclwatch.alerting.alerts import AlertLinks, alert_from_event
+    from ncclwatch.alerting.prom_rules import render
 
     from ncclwatch.records import ANOMALY_TYPES, AnomalyEvent
 
@@ -134,10 +135,10 @@ def test_alert_dashboard_urls_point_at_dashboards_and_variables_that_exist(dashb
                 baseline_busbw_gbs=None, observed_busbw_gbs=None, effect=0.2,
                 attribution="unknown", throughput_delta=None, severity="warning", evidence={},
             )  # fmt: skip
-            alert = alert_from_event(ev, AlertLinks(), {"cluster": "c1"})
+            alert = alert_from_event(ev, AlertLinks("https://grafana.example.com"), {"cluster": "c1"})
             urls.append(alert["annotations"]["dashboard_url"])
     # and the Prometheus rules' links
-    rules = (REPO / "alerting" / "rules" / "ncclwatch.rules.yml").read_text()
+    rules = render(AlertLinks("https://grafana.example.com"))
     urls += [re.sub(r"\{\{[^}]*\}\}", "x", u) for u in re.findall(r'dashboard_url: "([^"]+)"', rules)]
     assert len(urls) > 12
     for url in urls:

@@ -1,0 +1,42 @@
+"""Progress bars for long commands: on stderr, only on a terminal, clear of event lines.
+
+Bars are tqdm's. A bar lives on stderr and is drawn only when stderr is a terminal, so
+pipes, files and CI logs never see carriage returns. Lines a command prints while a bar
+is drawn (anomaly events on stdout, say) go through :func:`write`, which lifts the bar,
+prints the line and draws the bar again below it, so the two never run into each other
+on a terminal that shows both streams.
+
+>>> import io
+>>> with bar(3, "replay", file=io.StringIO()) as b:   # not a terminal: no bar at all
+...     b.update(3)
+...     b.disable
+True
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or not a real stream
+        return False
+
+
+def bar(total: float | None, desc: str, *, unit: str = "records", file: TextIO | None = None,
+        enabled: bool | None = None, **kwargs: Any) -> tqdm:
+    """A tqdm bar on ``file`` (stderr); ``enabled=None``: only if that is a terminal."""
+    file = file if file is not None else sys.stderr
+    show = is_terminal(file) if enabled is None else enabled
+    return tqdm(total=total, desc=desc, unit=unit, file=file, disable=not show, dynamic_ncols=True,
+                leave=False, **kwargs)
+
+
+def write(line: str, file: TextIO | None = None) -> None:
+    """Print ``line`` (to stdout) without running into a bar drawn on the terminal."""
+    tqdm.write(line, file=file if file is not None else sys.stdout)
