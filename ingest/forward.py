@@ -44,6 +44,7 @@ from ncclwatch.ingest.throughput import job_id
 from ncclwatch.ingest.trainlog import ThroughputParser
 from ncclwatch.ingest.windows import Windower
 
+from ncclwatch import private
 from ncclwatch.config import Config
 from ncclwatch.records import Quarantined, to_json
 from ncclwatch.rules import safe_filename
@@ -301,16 +302,17 @@ class Forwarder:
     def _quarantine(self, q: Quarantined, out: list) -> None:
         self.metrics.quarantined.labels(q.stage, q.reason).inc()
         self.quarantined_total += 1
-        line = to_json(q).encode()
+        # "replace": a spool file name that is not UTF-8 comes back from the file system
+        # with surrogate escapes, which must not make the forwarder raise.
+        line = to_json(q).encode("utf-8", "replace")
         try:
             if self.quarantine_fd is None:
-                os.makedirs(os.path.dirname(self.quarantine_path), exist_ok=True)
-                self.quarantine_fd = os.open(self.quarantine_path,
-                                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                private.makedirs(os.path.dirname(self.quarantine_path))
+                self.quarantine_fd = private.open_append(self.quarantine_path)
             os.write(self.quarantine_fd, line + b"\n")
         except OSError as e:
             log.warning("event=quarantine_file_failed error=%s", e)
-        out.append((self.topics.quarantine, q.source.encode(), line))
+        out.append((self.topics.quarantine, q.source.encode("utf-8", "replace"), line))
 
     # -- reading the spool's streams together in stream time ------------------------------
     #

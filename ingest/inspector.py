@@ -41,8 +41,8 @@ from typing import Any
 
 import msgspec
 
-from ncclwatch import rules
-from ncclwatch.records import OpRecord, Quarantined, WindowSummary
+from ncclwatch import records, rules
+from ncclwatch.records import OpRecord, Quarantined, RecordError, WindowSummary
 
 # Inspector spells a few ops differently from NCCL's public names used in the contract.
 _OP_NAMES = {"All2All": "AllToAll"}
@@ -56,6 +56,20 @@ class InspectorError(ValueError):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+class NotAnOp(InspectorError):
+    """A well-formed Inspector line that describes no op: count it, do not quarantine it.
+
+    NCCL 2.30's Inspector starts each communicator's dump with a ``dump_stats`` marker
+    (header, metadata, records written and dropped since the last dump). ``what`` names
+    the kind of line; ``reason`` stays ``unknown_kind`` for callers that quarantine every
+    :class:`InspectorError`.
+    """
+
+    def __init__(self, what: str):
+        super().__init__("unknown_kind", f"an Inspector {what} line carries no op")
+        self.what = what
 
 
 def _num(value: Any, name: str) -> float:
@@ -96,9 +110,12 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = "unknown") -> Op
             raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InspectorError("not_utf8", str(e)) from None
+    depth = records.nesting_depth(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
+    if depth > records.MAX_DEPTH:  # msgspec recurses: bound it before decoding
+        raise InspectorError("too_deep", f"nested {depth} deep > {records.MAX_DEPTH}")
     try:
         obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
+    except msgspec.DecodeError as e:  # lone surrogate escapes, NaN and overflow included
         raise InspectorError("not_json", str(e)) from None
     if not isinstance(obj, dict):
         raise InspectorError("schema", "an Inspector record is a JSON object")
@@ -112,6 +129,8 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = "unknown") -> Op
         perf, p = obj["coll_perf"], "coll"
     elif "p2p_perf" in obj:
         perf, p = obj["p2p_perf"], "p2p"
+    elif "dump_stats" in obj:
+        raise NotAnOp("dump_stats")
     else:
         raise InspectorError("unknown_kind", "neither coll_perf nor p2p_perf")
     if not isinstance(perf, dict):
@@ -162,7 +181,7 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = "unknown") -> Op
     # nccl-tests convention) so that a NaN printed as "nan" cannot leak through.
     algbw, busbw = rules.bandwidths_gbs(op_name, nbytes, nranks, exec_ns)
     transport = rules.transport_class(nranks, nnodes)
-    return OpRecord(
+    return _checked(OpRecord(
         id=rules.record_id(job, host, pid, comm, rank, op_name, peer, seq),
         job=job,
         host=host,
@@ -190,7 +209,15 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = "unknown") -> Op
         algbw_gbs=algbw,
         busbw_gbs=busbw,
         graph=False,
-    )
+    ))
+
+
+def _checked(rec: Any) -> Any:
+    """The mapped record if it keeps the contract (ranges, times, strings), else raise."""
+    try:
+        return records.check(rec)
+    except RecordError as e:
+        raise InspectorError(e.reason, e.detail) from None
 
 
 def quarantine(
@@ -329,12 +356,17 @@ def windows_from_prom(
         execs = sorted(s[0] for s in samples)
         busbws = sorted(s[1] for s in samples)
         lower = message_size_lower_bytes(samples[0][2]["message_size"])
-        out.append(WindowSummary(
+        win = WindowSummary(
             job=job, host=host, comm=comm, comm_name=comm_name, op=op_name, size_bucket=bucket,
             transport=transport, rank=rank, nranks=nranks, start_ns=start_ns, end_ns=end_ns,
             count=len(samples), bytes=lower * len(samples), exec_ns_min=execs[0],
             exec_ns_p50=nearest_rank(execs, 50), exec_ns_p95=nearest_rank(execs, 95),
             exec_ns_max=execs[-1], busbw_gbs_p50=nearest_rank(busbws, 50),
             first_seq=0, last_seq=0,
-        ))
+        )
+        try:
+            out.append(_checked(win))
+        except InspectorError as e:
+            stage = "schema" if e.reason in ("schema", "out_of_range") else "parse"
+            bad.append(quarantine(e, repr(sorted(samples[0][2].items())).encode(), source, 0, stage))
     return out, bad

@@ -31,10 +31,19 @@ from ncclwatch.records import Quarantined
 
 # The kinds the spool carries, plus those a file replayed into the forwarder may hold.
 FAST_KINDS = ("op", "drop", "plugin_stats", "throughput", "window")
+_FLOAT_BOUND = float(1 << 63)
 
 
 def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
-    """A msgspec Struct mirroring a record dataclass, and its pattern checks."""
+    """A msgspec Struct mirroring a record dataclass, and its pattern checks.
+
+    The struct may reject more than the contract (the line then goes to the contract
+    parser, which decides) but never less: integers carry the contract's int64, time
+    and duration bounds; floats are bounded by 2^63 too, because the contract reads
+    every integer literal of a line as an int64 and msgspec would turn a huge one into
+    a float; closed maps become ``dict[Literal[...], int]``. msgspec itself refuses
+    NaN, Infinity, numbers that overflow and lone surrogate escapes.
+    """
     hints = get_type_hints(cls)
     fields: list[tuple[str, Any]] = [("v", Literal[records.VERSION])]  # type: ignore[valid-type]
     patterns = []
@@ -47,8 +56,14 @@ def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
         meta = f.metadata
         if "enum" in meta:
             t = Literal[tuple(meta["enum"])]  # type: ignore[valid-type]
-        elif "minimum" in meta:
-            t = Annotated[base, msgspec.Meta(ge=meta["minimum"])]
+        elif base is int:
+            t = Annotated[int, msgspec.Meta(ge=meta.get("minimum", records.INT64_MIN),
+                                            le=meta.get("maximum", records.INT64_MAX))]
+        elif base is float:
+            t = Annotated[float, msgspec.Meta(ge=meta.get("minimum", -_FLOAT_BOUND), le=_FLOAT_BOUND)]
+        elif "keys" in meta:
+            t = dict[Literal[tuple(meta["keys"])],  # type: ignore[valid-type]
+                     Annotated[int, msgspec.Meta(ge=0, le=records.INT64_MAX)]]
         if "pattern" in meta:
             patterns.append((f.name, re.compile(meta["pattern"]).match))
         if nullable:
@@ -93,7 +108,7 @@ def parse(raw: bytes, source: str = "", offset: int = 0) -> Any:
         return records.parse_line(raw, source=source, offset=offset)
     try:
         rec = _decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return records.parse_line(raw, source=source, offset=offset)
     if type(rec) is FastOpRecord:  # the hot path: one pattern cached, one checked
         comm = rec.comm

@@ -115,7 +115,7 @@ fi
 stamp="$VENV/.ncclwatch-setup"
 want_stamp="$(sha "$REPO/pyproject.toml")"
 if [[ ! -f $stamp || $(cat "$stamp") != "$want_stamp" ]] \
-    || ! (cd /tmp && "$VENV/bin/python" -c 'import kafka, pytest, ncclwatch' 2>/dev/null); then
+    || ! (cd /tmp && "$VENV/bin/python" -c 'import kafka, pytest, hypothesis, ncclwatch' 2>/dev/null); then
     log "pip install -e '.[dev]'"
     "$VENV/bin/python" -m pip install -q -e "${REPO}[dev]"
     echo "$want_stamp" >"$stamp"
