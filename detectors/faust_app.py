@@ -31,8 +31,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import ssl
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +52,7 @@ from ncclwatch.detectors.drivers import (
     record_time_ns,
 )
 
+from ncclwatch import progress
 from ncclwatch.config import Config, KafkaConfig
 from ncclwatch.records import (
     DropRecord,
@@ -75,16 +79,30 @@ _OPS_KINDS = (OpRecord, DropRecord, PluginStats)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--app-id",
-        default=DEFAULT_APP_ID,
-        help=f"Faust app id = consumer group (default {DEFAULT_APP_ID})",
+        default=None,
+        help=f"Faust app id = consumer group, prefix of its internal topics (default: "
+        f"config topics.prefix + {DEFAULT_APP_ID})",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         metavar="PORT",
-        help="Prometheus metrics on 127.0.0.1:PORT (default: config detector.metrics_port; "
-        "0: a free port, printed at start; -1: none)",
+        help="Prometheus metrics on ADDR:PORT (default: config detector.metrics_port, ADDR "
+        "detector.metrics_addr or --metrics-addr; 0: a free port, printed at start; -1: none)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="Faust's data directory (default: config detector.worker_data_dir; empty: a private "
+        "temporary directory removed at exit, as the tables live in memory and in Kafka)",
+    )
+    p.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="drain mode: exit 0 once the consumer group has committed every input partition up "
+        "to the end offset it had when the worker started",
     )
     p.add_argument("--batch-size", type=int, default=1000, help="messages per detector batch (default 1000)")
     p.add_argument(
@@ -199,7 +217,16 @@ def _message(event: Any) -> Message:
 class Worker:
     """The Faust app and what its agents call; built once per process."""
 
-    def __init__(self, cfg: Config, app_id: str, *, batch_size: int = 1000, batch_within_s: float = 0.2):
+    def __init__(
+        self,
+        cfg: Config,
+        app_id: str,
+        *,
+        batch_size: int = 1000,
+        batch_within_s: float = 0.2,
+        datadir: str | None = None,
+        drain: Any = None,
+    ):
         import faust
 
         self.cfg = cfg
@@ -208,8 +235,10 @@ class Worker:
         self.batch_within_s = batch_within_s
         self.names = names = topic_names(cfg, app_id)
         n = cfg.topics.partitions
+        self.drain = drain  # a DrainWatch: stop once the inputs are read (--until-caught-up)
         self.app = app = faust.App(
             app_id,
+            **({"datadir": datadir} if datadir else {}),
             broker=[f"kafka://{b}" for b in cfg.kafka.bootstrap_servers.split(",")],
             broker_credentials=broker_credentials(cfg.kafka),
             broker_client_id=cfg.kafka.client_id,
@@ -299,6 +328,12 @@ class Worker:
         @app.timer(0.5)
         async def tick() -> None:
             await w.guarded(w.tick())
+
+        if self.drain is not None:
+
+            @app.timer(1.0)
+            async def drain() -> None:
+                await w.drain.check()
 
         @app.on_partitions_revoked.connect
         async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
@@ -545,7 +580,7 @@ class WorkerMetrics:
 
 
 def _start_metrics(w: Worker, port: int | None) -> None:
-    """Serve the worker's metrics on 127.0.0.1 unless the port is negative."""
+    """Serve the worker's metrics on detector.metrics_addr unless the port is negative."""
     from prometheus_client import start_http_server
 
     cfg = w.cfg
@@ -597,13 +632,67 @@ def _tolerate_unpositioned_partitions() -> None:
     cls.verify_event_path = verify_event_path
 
 
+class DrainWatch:
+    """``--until-caught-up``: looks at the group's committed offsets once a second (off the
+    event loop) and stops the worker as a SIGTERM would once they reach the end offsets
+    seen at start (:mod:`~ncclwatch.detectors.drain`); a bar on a terminal shows the rest."""
+
+    def __init__(self, cfg: Config, app_id: str):
+        from ncclwatch.detectors.drain import Drain, KafkaOffsets
+
+        names = topic_names(cfg, app_id)
+        self.app_id = app_id
+        self.offsets = KafkaOffsets(cfg.kafka.client_kwargs())
+        self.drain = Drain(self.offsets.ends([names["windows"], names["throughput"], names["ops"]]),
+                           follow=[names["telemetry"]])
+        total = self.drain.remaining(self.offsets.committed(app_id))
+        self.bar = progress.bar(total, f"worker {app_id} catching up", unit="msg")
+        self.done = False
+
+    def _show(self, remaining: int) -> None:
+        self.bar.n = max(0, self.bar.total - remaining)
+        self.bar.refresh()
+
+    async def check(self) -> None:
+        from ncclwatch.detectors.drain import drain_check
+
+        if self.done:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            done = await loop.run_in_executor(None, drain_check, self.offsets, self.drain, self.app_id, self._show)
+        except Exception as e:  # Kafka busy or electing: the next look decides
+            log.warning("until-caught-up: could not read offsets: %s", e)
+            return
+        if done:
+            self.done = True
+            self.bar.close()
+            print(f"ncclwatch worker {self.app_id}: caught up with {len(self.drain.targets)} input "
+                  "partition(s); stopping", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # Faust's own graceful stop: commit, flush, leave
+
+    def close(self) -> None:
+        self.bar.close()
+        self.offsets.close()
+
+
 def run(args: argparse.Namespace, cfg: Config) -> int:
     import faust
 
     _tolerate_unpositioned_partitions()
 
-    ensure_topics(cfg, args.app_id)
-    w = Worker(cfg, args.app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s)
+    app_id = args.app_id or cfg.topics.prefix + DEFAULT_APP_ID
+    args.app_id = app_id
+    ensure_topics(cfg, app_id)
+    datadir = args.data_dir if args.data_dir is not None else cfg.detector.worker_data_dir
+    scratch = None
+    if not datadir:
+        # nothing there has to outlive the process (memory:// tables, recovered from Kafka)
+        scratch = tempfile.TemporaryDirectory(prefix=f"ncclwatch-worker-{app_id}-")
+        datadir = scratch.name
+    drain = DrainWatch(cfg, app_id) if args.until_caught_up else None
+    w = Worker(cfg, app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s, datadir=datadir,
+               drain=drain)
     _start_metrics(w, args.metrics_port)
     if cfg.alerting.alertmanager_url:
         from ncclwatch.alerting.sink import AlertSink
@@ -627,4 +716,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         w._executor.shutdown(wait=True)
         if w.sink is not None:
             w.sink.close()
+        if drain is not None:
+            drain.close()
+        if scratch is not None:
+            scratch.cleanup()
     return 0

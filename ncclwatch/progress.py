@@ -38,7 +38,7 @@ def bar(total: float | None, desc: str, *, unit: str = "records", file: TextIO |
     file = file if file is not None else sys.stderr
     show = is_terminal(file) if enabled is None else enabled
     if tqdm is None:
-        return _NoBar()
+        return _NoBar(total)
     return tqdm(total=total, desc=desc, unit=unit, file=file, disable=not show, dynamic_ncols=True,
                 leave=False, **kwargs)
 
@@ -56,7 +56,13 @@ class _NoBar:
     """What :func:`bar` gives without tqdm: the same calls, nothing drawn."""
 
     disable = True
-    n = 0
+
+    def __init__(self, total: float | None = None):
+        self.total = total or 0
+        self.n = 0
+
+    def refresh(self) -> None:
+        return None
 
     def __enter__(self) -> _NoBar:
         return self
