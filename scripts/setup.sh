@@ -3,7 +3,11 @@
 #   - Debian packages: prometheus, prometheus-alertmanager, prometheus-node-exporter
 #     (never left running as system services: scripts/services.sh starts our own on 127.0.0.1),
 #     build-essential if gcc is missing, a JDK/Maven if missing;
-#   - .venv (python3.11) with `pip install -e '.[dev]'`;
+#   - .venv (python3.11) with `pip install -e '.[dev]'`, constrained by requirements/ci.lock;
+#   - a wheelhouse of the locked packages (the packaging test installs each extra from it);
+#   - helm built from the Go module proxy (the chart test renders deploy/helm/ncclwatch);
+#   - .cache/frameworks-venv with torch, Lightning and transformers for the callback tests
+#     (NCCLWATCH_SKIP_FRAMEWORKS=1 skips it: ~5.6 GB);
 #   - the C profiler plugin (`make -C plugin`) when plugin/Makefile exists;
 #   - Apache Kafka jars from Maven Central (scripts/kafka/pom.xml) into
 #     ${NCCLWATCH_CACHE_DIR:-<repo>/.cache}/kafka/libs.
@@ -113,12 +117,57 @@ if [[ ! -x $VENV/bin/python ]] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/nu
     "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
 stamp="$VENV/.ncclwatch-setup"
-want_stamp="$(sha "$REPO/pyproject.toml")"
+LOCK="$REPO/requirements/ci.lock"
+want_stamp="$(sha "$REPO/pyproject.toml" "$LOCK")"
 if [[ ! -f $stamp || $(cat "$stamp") != "$want_stamp" ]] \
     || ! (cd /tmp && "$VENV/bin/python" -c 'import kafka, pytest, hypothesis, ncclwatch' 2>/dev/null); then
-    log "pip install -e '.[dev]'"
-    "$VENV/bin/python" -m pip install -q -e "${REPO}[dev]"
+    log "pip install -e '.[dev]' -c requirements/ci.lock"
+    "$VENV/bin/python" -m pip install -q -e "${REPO}[dev]" -c "$LOCK"
     echo "$want_stamp" >"$stamp"
+fi
+
+# The locked packages as files, plus the build backend: tests/test_packaging.py installs the
+# wheel with each extra into fresh venvs from here, without the network.
+WHEELHOUSE="$CACHE_DIR/wheelhouse"
+wstamp="$WHEELHOUSE/.ncclwatch-setup"
+want_wstamp="$(sha "$LOCK" "$REPO/pyproject.toml")"
+if [[ ! -f $wstamp || $(cat "$wstamp") != "$want_wstamp" ]]; then
+    log "pip download the locked packages into $WHEELHOUSE"
+    mkdir -p "$WHEELHOUSE"
+    "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" -r "$LOCK" \
+        "$(sed -n 's/^requires = \["\(setuptools[^"]*\)".*/\1/p' "$REPO/pyproject.toml")" wheel
+    echo "$want_wstamp" >"$wstamp"
+fi
+
+# ---------------------------------------------------------------- helm (Go module proxy)
+# (`go install` does not stamp helm's own version string, so a stamp file records it.)
+HELM_VERSION=v3.19.0
+HELM="$CACHE_DIR/bin/helm"
+if [[ ! -x $HELM || $(cat "$HELM.version" 2>/dev/null) != "$HELM_VERSION" ]]; then
+    if command -v go >/dev/null; then
+        log "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION (a few minutes, once)"
+        GOBIN="$CACHE_DIR/bin" GOFLAGS=-trimpath go install -ldflags='-s -w' \
+            "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+        echo "$HELM_VERSION" >"$HELM.version"
+    else
+        log "go not found: helm not built; the Helm chart test fails under CI"
+    fi
+fi
+
+# ---------------------------------------------------------------- training frameworks
+FW_VENV="$CACHE_DIR/frameworks-venv"
+FW_REQ="$REPO/requirements/frameworks.txt"
+fstamp="$FW_VENV/.ncclwatch-setup"
+want_fstamp="$(sha "$FW_REQ")"
+if [[ ${NCCLWATCH_SKIP_FRAMEWORKS:-0} == 1 ]]; then
+    log "NCCLWATCH_SKIP_FRAMEWORKS=1: no frameworks venv (the callback tests skip)"
+elif [[ ! -f $fstamp || $(cat "$fstamp") != "$want_fstamp" ]]; then
+    log "creating $FW_VENV: torch, lightning, transformers (~5.6 GB, a few minutes)"
+    rm -rf "$FW_VENV"
+    "$PY" -m venv "$FW_VENV"
+    "$FW_VENV/bin/python" -m pip install -q --upgrade pip
+    "$FW_VENV/bin/python" -m pip install -q -r "$FW_REQ"
+    echo "$want_fstamp" >"$fstamp"
 fi
 
 # ---------------------------------------------------------------- C plugin
