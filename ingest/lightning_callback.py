@@ -1,0 +1,143 @@
+"""PyTorch Lightning callback: the job's TFLOP/s per GPU to ncclwatch after each step.
+
+::
+
+    from ncclwatch.ingest.lightning_callback import NcclwatchCallback
+    trainer = L.Trainer(callbacks=[NcclwatchCallback()])  # batches with "input_ids"
+    trainer = L.Trainer(callbacks=[NcclwatchCallback(flops_per_batch=measure_flops(...))])
+
+NeMo trains through Lightning, so the callback works there too. The class derives from
+Lightning's ``Callback`` when ``lightning`` (or ``pytorch_lightning``) is installed; the
+module imports without it, so ncclwatch itself never depends on a framework.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ncclwatch.ingest.tflops import TflopsMeter, dense_flops_per_token
+from ncclwatch.ingest.throughput import report_throughput
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - depends on what the training image has
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError:
+        Callback = object  # Lightning absent: nothing will call the hooks
+
+log = logging.getLogger(__name__)
+
+
+def batch_tokens(batch: Any) -> int | None:
+    """Tokens in a batch that is a mapping with ``input_ids`` (the Hugging Face layout).
+
+    >>> batch_tokens({"labels": 1}) is None
+    True
+    """
+    if isinstance(batch, Mapping) and "input_ids" in batch:
+        return int(batch["input_ids"].numel())
+    return None
+
+
+class NcclwatchCallback(Callback):
+    """Reports TFLOP/s per GPU (and tokens/s) through ``report_throughput``.
+
+    Parameters
+    ----------
+    flops_per_batch
+        Model FLOPs (forward + backward) of one micro-batch on one GPU. When None, the
+        FLOPs come from the tokens of each batch times ``flops_per_token``.
+    flops_per_token
+        Default: 6 x the module's trainable parameters (a dense model).
+    tokens_per_batch
+        Tokens of one micro-batch on one GPU: a number, or a function of the batch. Default:
+        ``batch["input_ids"].numel()`` when the batch is a mapping with ``input_ids``.
+    every_n_steps
+        Report every n-th optimizer step.
+    all_ranks
+        By default only global rank 0 reports, as the job (``rank=-1``): in synchronous
+        training its pace is the job's. With True every rank reports its own.
+    report, clock
+        Where records go and the monotonic clock (tests inject both).
+    """
+
+    def __init__(
+        self,
+        *,
+        flops_per_batch: float | None = None,
+        flops_per_token: float | None = None,
+        tokens_per_batch: int | Callable[[Any], int | None] | None = None,
+        every_n_steps: int = 1,
+        all_ranks: bool = False,
+        report: Callable[..., None] = report_throughput,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps!r}")
+        super().__init__()
+        self.flops_per_batch = flops_per_batch
+        self.flops_per_token = flops_per_token
+        self.tokens_per_batch = tokens_per_batch
+        self.every_n_steps = every_n_steps
+        self.all_ranks = all_ranks
+        self.report = report
+        self.clock = clock
+        self._meter: TflopsMeter | None = None
+        self._step = 0
+        self._world = 1
+        self._warned = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        per_token = self.flops_per_token
+        if per_token is None and self.flops_per_batch is None:
+            params = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+            per_token = dense_flops_per_token(params) if params else None
+        self._meter = TflopsMeter(
+            flops_per_batch=self.flops_per_batch, flops_per_token=per_token, clock=self.clock
+        )
+        self._meter.start()
+        self._step = trainer.global_step
+        self._world = max(1, int(getattr(trainer, "world_size", 1)))
+
+    def _tokens(self, batch: Any) -> int | None:
+        if self.tokens_per_batch is None:
+            return batch_tokens(batch)
+        if callable(self.tokens_per_batch):
+            return self.tokens_per_batch(batch)
+        return self.tokens_per_batch
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._meter is None:
+            return
+        self._meter.add(tokens=self._tokens(batch))
+        step = trainer.global_step
+        if step == self._step:  # accumulating gradients: the optimizer has not stepped
+            return
+        self._step = step
+        result = self._meter.finish_step()
+        if result is None:
+            self._warn_once()
+            return
+        if step % self.every_n_steps or not (self.all_ranks or trainer.is_global_zero):
+            return
+        tflops, tokens_per_s = result
+        self.report(
+            tflops,
+            step,
+            tokens_per_s=None if tokens_per_s is None else tokens_per_s * self._world,
+            rank=trainer.global_rank if self.all_ranks else -1,
+        )
+
+    def _warn_once(self) -> None:
+        if not self._warned:
+            self._warned = True
+            msg = ("ncclwatch: cannot compute TFLOP/s: give NcclwatchCallback flops_per_batch, "
+                   "or tokens_per_batch (batches without input_ids)")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            log.warning(msg)
