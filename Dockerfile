@@ -22,7 +22,9 @@ COPY . .
 RUN make -C plugin \
     && mkdir -p /out/lib \
     && cp plugin/build/libncclwatch-profiler.so /out/lib/
-RUN pip wheel --no-cache-dir --wheel-dir /out/wheels .
+# ncclwatch's wheel (with the plugin, setup.py) and every service's dependencies, at the
+# versions CI tested (requirements/ci.lock).
+RUN pip wheel --no-cache-dir --wheel-dir /out/wheels -c requirements/ci.lock ".[all]"
 
 # ---- runtime: no compiler, no sources, a non-root user ---------------------------------
 FROM ${PYTHON_IMAGE}
@@ -33,9 +35,10 @@ RUN groupadd --system --gid 10001 ncclwatch \
     && useradd --system --uid 10001 --gid ncclwatch --home-dir /var/lib/ncclwatch \
        --shell /usr/sbin/nologin ncclwatch \
     && install -d -o ncclwatch -g ncclwatch /var/lib/ncclwatch /var/spool/ncclwatch
-# `pip install .`, from the wheels built above so the image carries no build tools.
+# `pip install '.[all]'` (the image runs forwarders and workers alike), from the wheels
+# built above so the image carries no build tools.
 RUN --mount=type=bind,from=build,source=/out/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels ncclwatch
+    pip install --no-cache-dir --no-index --find-links /wheels "ncclwatch[all]"
 COPY --from=build /out/lib/ /opt/ncclwatch/lib/
 USER ncclwatch
 WORKDIR /var/lib/ncclwatch
