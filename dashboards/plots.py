@@ -193,14 +193,20 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
         ax.plot(t, [m for _, m, _, _ in series], color=color, linewidth=1.1, label="median over ranks")
         base = run.baselines.get(key)
         if base:
-            ax.plot(
-                [_s(run, s) for s, _ in base],
-                [b for _, b in base],
-                color="0.15",
-                linewidth=0.9,
-                linestyle="--",
-                label="baseline",
-            )
+            bx = [_s(run, s) for s, _ in base]
+            by = [b for _, b in base]
+            ax.plot(bx, by, color="0.15", linewidth=0.9, linestyle="--", label="baseline")
+            if run.threshold:
+                # the band a window must fall below to count as degraded
+                ax.fill_between(
+                    bx,
+                    [b * (1 - run.threshold) for b in by],
+                    by,
+                    color="0.5",
+                    alpha=0.15,
+                    linewidth=0,
+                    label=f"baseline band (−{run.threshold:.0%})",
+                )
         mine = [a for a in anomalies if a.covers(key)]
         _shade(ax, run, mine, faults)
         ax.set_title(_key_label(run, key), fontsize=9, loc="left")
@@ -219,6 +225,11 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
         plt.Line2D([], [], color="0.4", linewidth=1.1, label="busbw, median over ranks"),
         Patch(color="0.4", alpha=0.2, label="rank min–max"),
         *([plt.Line2D([], [], color="0.15", linestyle="--", label="learned baseline")] if run.baselines else []),
+        *(
+            [Patch(color="0.5", alpha=0.15, label=f"baseline − {run.threshold:.0%}: degraded below")]
+            if run.baselines and run.threshold
+            else []
+        ),
         plt.Line2D([], [], color=THROUGHPUT_COLOR, label="job TFLOP/s per GPU (right axis)"),
         *_legend_patches(anomalies, faults),
     ]

@@ -4,8 +4,10 @@ For people who want a picture without Grafana: bus bandwidth over time per key
 (communicator, op, size bucket, transport) with anomalies shaded and the job's throughput
 overlaid, a per-rank straggler heatmap, and a summary of what was detected.
 
-RUN is a spool directory, a scenario run directory (``spool/`` beside ``labels.json``), a
-``.tar.gz`` of either, or one ``.jsonl[.gz]`` file. Anomaly events come from
+RUN is anything :mod:`ncclwatch.ingest.recording` reads: a spool directory, NCCL
+Inspector JSON logs (a dump directory, one file), a scenario run directory (``spool/``
+or ``inspector/`` beside ``labels.json``), a ``.tar.gz`` of any of them, or one
+``.jsonl[.gz]`` file; ``--training-log`` adds the job's throughput. Anomaly events come from
 ``--events`` (``ncclwatch watch --events-out``), or else from running the same detector
 pipeline as ``ncclwatch watch`` in-process over the recording. Injected faults
 (``labels.json``, ``--labels``) are drawn hatched, so detections can be judged by eye.
@@ -16,8 +18,6 @@ Everything but the drawing lives here; :mod:`ncclwatch.dashboards.plots` draws.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -25,6 +25,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from ncclwatch.detectors import watch
+from ncclwatch.detectors.metrics import DetectorMetrics
+from ncclwatch.ingest.recording import (
+    Options,
+    ReadStats,
+    RecordingError,
+    add_source_arguments,
+    opened_recording,
+    read_recording,
+    record_time_ns,
+    run_dir_of,
+)
 
 from ncclwatch.config import Config
 from ncclwatch.records import (
@@ -44,8 +57,10 @@ Key = tuple[str, str, str, str, str]  # (job, comm, op, size_bucket, transport)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "run",
-        help="a spool directory, a run directory (spool/ + labels.json), a .tar.gz of one, or a .jsonl[.gz] file",
+        help="a spool directory, NCCL Inspector JSON logs, a run directory (spool/ or inspector/ + "
+        "labels.json), a .tar.gz of one, or a .jsonl[.gz] file",
     )
+    add_source_arguments(p, job=False)
     p.add_argument(
         "--events",
         metavar="FILE",
@@ -59,7 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: RUN/labels.json, or NAME.labels.json beside NAME.tar.gz",
     )
     p.add_argument("--out", metavar="DIR", help="output directory (default: report-<RUN name>)")
-    p.add_argument("--job", help="only this job (default: every job in the recording)")
+    p.add_argument(
+        "--job",
+        default="",
+        help="only this job (default: every job in the recording); also the job of Inspector ops "
+        "and training-log throughput, which carry none",
+    )
     p.add_argument("--max-keys", type=int, default=12, help="plot at most this many keys per job (default 12)")
 
 
@@ -101,8 +121,11 @@ class Run:
     events: list[AnomalyEvent] = field(default_factory=list)
     events_source: str = ""
     labels: list[dict] = field(default_factory=list)
-    # key -> [(stream time, baseline busbw)], sampled while detecting (empty with --events)
+    # key -> [(window end, baseline busbw)] as the detector judged each window (empty with
+    # --events); below baseline × (1 - threshold) a window counts as degraded
     baselines: dict[Key, list[tuple[int, float]]] = field(default_factory=dict)
+    threshold: float | None = None
+    notes: list[str] = field(default_factory=list)  # what reading the recording met
 
     @property
     def jobs(self) -> list[str]:
@@ -140,57 +163,47 @@ def anomaly_intervals(events: list[AnomalyEvent], end_ns: int) -> list[Interval]
     return sorted(out, key=lambda i: (i.start_ns, i.kind))
 
 
-def record_time_ns(rec: Any) -> int:
-    from ncclwatch.detectors.drivers import record_time_ns as t
-
-    return t(rec)
-
-
 def load_labels(path: Path) -> list[dict]:
     """Fault intervals (type, start_ns, end_ns, job) from a labels file.
 
-    Either the labelled-scenario format that ``ncclwatch eval`` reads (``docs/scenarios.md``:
-    ``{"labels": [...]}``, validated by :class:`~ncclwatch.detectors.labels.LabelSet`), or
-    the raw ``labels.json`` a scenario run directory holds (``{"faults": [...]}``).
+    Either shape :class:`~ncclwatch.detectors.labels.LabelSet` reads: the
+    labelled-scenario format that ``ncclwatch eval`` reads (``docs/scenarios.md``:
+    ``{"labels": [...]}``), or the raw ``labels.json`` a scenario run directory holds
+    (``{"scenario", "job", "faults": [...]}``). A label without a job is about any job.
     """
-    data = json.loads(path.read_text())
-    if "labels" in data:
-        from ncclwatch.detectors.labels import LabelSet
+    from ncclwatch.detectors.labels import LabelSet
 
-        ls = LabelSet.from_dict(data)
-        return [
-            {"type": lb.type, "start_ns": lb.start_ns, "end_ns": lb.end_ns, "job": lb.job_or(ls.job)}
-            for lb in ls.labels
-        ]
-    if "faults" in data:
-        return [{**f, "job": f.get("job", data.get("job"))} for f in data["faults"]]
-    raise ValueError(f"{path}: neither a labels file ({{'labels': ...}}) nor a run's labels.json")
+    try:
+        ls = LabelSet.load(path)
+    except OSError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return [
+        {"type": lb.type, "start_ns": lb.start_ns, "end_ns": lb.end_ns, "job": lb.job_or(ls.job) or None}
+        for lb in ls.labels
+    ]
 
 
-def read_run(path: Path, cfg: Config) -> tuple[Run, list[Any], list[dict]]:
+def read_run(path: Path, cfg: Config, options: Options | None = None) -> tuple[Run, list[Any], list[dict]]:
     """The recording's records in time order, and the labels found with them.
 
     Labels: ``labels.json`` in a run directory, or ``<name>.labels.json`` beside a
     ``<name>.tar.gz`` (how the committed GPU-run fixtures are laid out).
     """
-    from ncclwatch.detectors.drivers import ReadStats, opened_recording, read_recording
-
     run = Run(name=path.name.removesuffix(".tar.gz").removesuffix(".tgz"), source=str(path))
     labels: list[dict] = []
     stats = ReadStats()
     with opened_recording(path) as root:
-        # A scenario run directory (or its archive, possibly one level down) keeps the
-        # records in spool/; its ctl/ and logs/ hold other JSON lines.
-        spools = sorted(root.glob("spool")) + sorted(root.glob("*/spool")) if root.is_dir() else []
-        top = spools[0].parent if spools else root
-        records = read_recording([spools[0] if spools else root], stats)
-        if (top / "labels.json").is_file():
+        top = run_dir_of(root)
+        records = read_recording([root], stats, options)
+        if top is not None and (top / "labels.json").is_file():
             labels = load_labels(top / "labels.json")
-            run.name = top.name if top != root else run.name
+        if top is not None and top != root:
+            run.name = top.name
     beside = path.with_name(f"{run.name}.labels.json")
     if not labels and beside.is_file():
         labels = load_labels(beside)
     run.quarantined = sum(stats.quarantined.values())
+    run.notes = stats.notes()
     return run, records, labels
 
 
@@ -206,55 +219,44 @@ def read_events(path: Path) -> list[AnomalyEvent]:
     return events
 
 
-class _Collect:
-    """Stands in for the watch's events file: keeps the events in memory."""
+class BandMetrics(DetectorMetrics):
+    """The watch's metrics, keeping also the baseline every key's window was judged
+    against: the band the plots draw.
 
-    def __init__(self) -> None:
-        self.events: list[AnomalyEvent] = []
+    The pipeline hands each window's observed and baseline bus bandwidth to its
+    observer (``key_window``, what ``ncclwatch_busbw_baseline_gbs`` shows live), so the
+    band is read where the detector published it, not from its internals.
+    """
 
-    def write(self, event: AnomalyEvent) -> None:
-        self.events.append(event)
+    def __init__(self, run: Run, threshold: float, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.run = run
+        run.threshold = threshold
 
-    def close(self) -> None:
-        pass
+    def key_window(self, job: str, ks: Any, observed: float, baseline: float | None, effect: float,
+                   exec_ns: int, end_ns: int) -> None:
+        super().key_window(job, ks, observed, baseline, effect, exec_ns, end_ns)
+        if baseline:
+            key = (job, ks.comm, ks.op, ks.size_bucket, ks.transport)
+            self.run.baselines.setdefault(key, []).append((end_ns, float(baseline)))
 
 
 def detect(records: list[Any], cfg: Config, run: Run) -> list[AnomalyEvent]:
-    """Run the detectors exactly as ``ncclwatch watch`` replays a recording.
-
-    Also samples each key's learned baseline once per window of stream time (when the
-    pipeline exposes ``baselines()``), so the plots can draw the band the detector used.
-    """
-    from ncclwatch.detectors.watch import Watch
-
-    sink = _Collect()
-    watch = Watch(cfg, out=io.StringIO(), events_file=sink)  # type: ignore[arg-type]
-    step_ns = int(cfg.ingest.window_s * 1e9)
-    next_sample = 0
-    for rec in records:
-        watch.feed(rec)
-        if watch.stream_ns >= next_sample:
-            _sample_baselines(watch, run)
-            next_sample = watch.stream_ns + step_ns
-    watch.flush()
-    _sample_baselines(watch, run)
-    return sink.events
-
-
-def _sample_baselines(watch: Any, run: Run) -> None:
-    for job, pipeline in watch.detectors.pipelines.items():
-        fn = getattr(pipeline, "baselines", None)
-        if fn is None:
-            continue
-        for key, gbs in fn().items():
-            if gbs:
-                run.baselines.setdefault((job, *key), []).append((watch.stream_ns, float(gbs)))
+    """Run the detectors exactly as ``ncclwatch watch`` replays a recording, keeping each
+    key's baseline per window (:class:`BandMetrics`) so the plots can draw the band the
+    detector used."""
+    metrics = BandMetrics(run, cfg.detector.threshold, max_keys=cfg.detector.max_metric_keys)
+    return watch.detect(cfg, records, metrics=metrics)
 
 
 def load(args: argparse.Namespace, cfg: Config) -> Run:
     from ncclwatch.ingest.windows import Windower
 
-    run, records, labels = read_run(Path(args.run), cfg)
+    options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
+    try:
+        run, records, labels = read_run(Path(args.run), cfg, options)
+    except RecordingError as e:
+        raise ValueError(str(e)) from None
     if args.job:
         records = [r for r in records if getattr(r, "job", None) == args.job]
     if not records:

@@ -11,8 +11,8 @@ Kafka or Faust, so it is tested directly:
   dead-letter, skip what the saved state has already seen, detect, snapshot).
 - :func:`format_event`: the one line a person reads per firing or resolved anomaly.
 - :class:`Pacer`: replay at N× the speed the records were written.
-- :func:`read_recording`: a recorded spool (directory, ``.tar.gz``, ``.jsonl[.gz]``) as
-  records in time order.
+- :func:`read_recording` (from :mod:`ncclwatch.ingest.recording`, where every command
+  that replays reads its sources): a recording as records in time order.
 
 >>> record_time_ns(ThroughputRecord(job="j", host="h", rank=0, ts_ns=7, step=1,
 ...                                 tflops_per_gpu=1.0, tokens_per_s=None, source="api"))
@@ -21,27 +21,32 @@ Kafka or Faust, so it is tested directly:
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import logging
 import os
-import tarfile
-import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ncclwatch.ingest.recording import (  # noqa: F401 (re-exported: the drivers' vocabulary)
+    KIND_ORDER,
+    ReadStats,
+    iter_recording_lines,
+    opened_recording,
+    order_key,
+    read_recording,
+    record_time_ns,
+)
+
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import (
     AnomalyEvent,
     DropRecord,
-    OpRecord,
     PluginStats,
     Quarantined,
     ThroughputRecord,
@@ -55,18 +60,6 @@ from ncclwatch.records import (
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-# At equal times: windows (and the ops they are made of) first, then telemetry, then
-# throughput. A step's throughput and the window ending at the same instant are both
-# "now"; the window first means a throughput drop is judged knowing the NCCL anomaly that
-# the same window may have just confirmed. Every driver orders ties this way.
-KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "throughput": 2, "anomaly": 3}
-
-
-def order_key(record: Any) -> tuple[int, int]:
-    """How drivers order records: by stream time, ties by kind (see ``KIND_ORDER``)."""
-    return record_time_ns(record), KIND_ORDER.get(record.KIND, 3)
 
 
 def job_partition(job: str, partitions: int) -> int:
@@ -90,20 +83,6 @@ def instant_key(record: Any) -> tuple:
         r = record
         return (0, r.comm, r.op, r.size_bucket, r.transport, r.rank, r.host, r.start_ns)
     return (KIND_ORDER.get(kind, 3), to_json(record))
-
-
-def record_time_ns(record: Any) -> int:
-    """The stream time a record stands for: when it became true.
-
-    An op counts when it ended, a window at its end, everything else at its timestamp.
-    """
-    if isinstance(record, OpRecord):
-        return record.start_ns + record.exec_ns
-    if isinstance(record, WindowSummary):
-        return record.end_ns
-    if isinstance(record, AnomalyEvent):
-        return record.detected_ns
-    return record.ts_ns
 
 
 # --- per-job pipelines -----------------------------------------------------------------
@@ -444,82 +423,6 @@ class Pacer:
 
 
 # --- recorded spools ---------------------------------------------------------------------
-
-
-@dataclass
-class ReadStats:
-    lines: int = 0
-    records: int = 0
-    quarantined: dict[str, int] = field(default_factory=dict)
-    partial_lines: int = 0
-
-    def quarantine(self, q: Quarantined) -> None:
-        self.quarantined[q.reason] = self.quarantined.get(q.reason, 0) + 1
-
-
-def _lines_of_file(path: Path, stats: ReadStats) -> Iterator[tuple[bytes, int]]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    offset = 0
-    with opener(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                # the contract: a line without its newline was still being written
-                stats.partial_lines += 1
-                break
-            yield raw[:-1], offset
-            offset += len(raw)
-
-
-def _jsonl_files(root: Path) -> list[Path]:
-    return sorted(
-        p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".jsonl") or p.name.endswith(".jsonl.gz"))
-    )
-
-
-@contextmanager
-def opened_recording(path: str | Path) -> Iterator[Path]:
-    """A recording as a directory or file on disk; ``.tar.gz`` archives are unpacked first."""
-    p = Path(path)
-    if p.is_file() and (p.name.endswith(".tar.gz") or p.name.endswith(".tgz") or p.name.endswith(".tar")):
-        with tempfile.TemporaryDirectory(prefix="ncclwatch-replay-") as tmp:
-            with tarfile.open(p) as tar:
-                tar.extractall(tmp, filter="data")
-            yield Path(tmp)
-    else:
-        yield p
-
-
-def iter_recording_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, bytes, int]]:
-    """(source, raw line, byte offset) for every complete line of a recording."""
-    files = [path] if path.is_file() else _jsonl_files(path)
-    if not files and path.is_dir():
-        log.warning("no *.jsonl or *.jsonl.gz files under %s", path)
-    for f in files:
-        for raw, offset in _lines_of_file(f, stats):
-            stats.lines += 1
-            yield str(f), raw, offset
-
-
-def read_recording(paths: Iterable[str | Path], stats: ReadStats | None = None) -> list[Any]:
-    """Every valid record of one or more recordings, sorted by stream time.
-
-    Within one file records are roughly in time order already; across files (one per
-    process) they interleave, so they are merged by time as a live run would have seen
-    them. The sort is stable: records of equal time keep their file order.
-    """
-    stats = stats if stats is not None else ReadStats()
-    records = []
-    for path in paths:
-        with opened_recording(path) as p:
-            for source, raw, offset in iter_recording_lines(p, stats):
-                rec = parse_line(raw, source=source, offset=offset)
-                if isinstance(rec, Quarantined):
-                    stats.quarantine(rec)
-                    continue
-                records.append(rec)
-    stats.records = len(records)
-    records.sort(key=order_key)
-    return records
 
 
 def write_jsonl_atomic(path: str | Path, obj: Any) -> None:

@@ -19,7 +19,15 @@ Matching is event-level, by time overlap within one job:
   label's type and attribution, the label's host if it names one, and the label's rank
   if it names one (and the anomaly is on the label's ``comm``, when both name a comm);
 - severity of a detected label, when the label names one, is correct when the highest
-  severity of its matching anomalies equals it.
+  severity of its matching anomalies equals it;
+- a labels file without a ``job`` is about whatever job its events are of: its labels
+  match anomalies of any job.
+
+LABELS is either labels shape (:class:`~.labels.LabelSet`: the labelled-scenario format
+or a recorded run's ``labels.json``). EVENTS is an anomaly-events file (``watch
+--events-out``), or a recording (anything :mod:`ncclwatch.ingest.recording` reads:
+spool, NCCL Inspector logs, a run directory, an archive; ``--training-log`` for the
+throughput), over which the detectors then run as ``watch --speed 0`` would.
 """
 
 from __future__ import annotations
@@ -34,6 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclwatch.detectors import watch
+from ncclwatch.ingest.recording import (
+    Options,
+    ReadStats,
+    add_source_arguments,
+    is_archive,
+    read_recording,
+)
+
+from ncclwatch import config
 from ncclwatch.records import AnomalyEvent, parse_line
 
 from .incidents import SEVERITY_RANK
@@ -178,7 +196,7 @@ def evaluate_one(labels: LabelSet, events: Iterable[AnomalyEvent],
     matches: list[dict[str, Any]] = []
     for lb in labels.labels:
         job = lb.job_or(labels.job)
-        hits = [a for a in anomalies if a.job == job and a.overlaps(lb, tol)]
+        hits = [a for a in anomalies if job in ("", a.job) and a.overlaps(lb, tol)]
         if lb.optional:
             continue
         t = by_type.setdefault(lb.type, Tally())
@@ -203,7 +221,7 @@ def evaluate_one(labels: LabelSet, events: Iterable[AnomalyEvent],
     for a in anomalies:
         matched = [
             lb for lb in labels.labels
-            if lb.job_or(labels.job) == a.job and a.overlaps(lb, tol)
+            if lb.job_or(labels.job) in ("", a.job) and a.overlaps(lb, tol)
         ]
         if not matched:
             by_type.setdefault(a.type, Tally()).fp += 1
@@ -315,6 +333,30 @@ def read_events(path: str | Path) -> list[AnomalyEvent]:
     return out
 
 
+def is_events_file(path: Path) -> bool:
+    """A file whose first record is an anomaly event (an empty file: no events)."""
+    if not path.is_file() or is_archive(path):
+        return False
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                rec = parse_line(line.strip())
+                return rec.KIND == "anomaly"
+    return True
+
+
+def events_of(path: Path, cfg: Any, options: Options) -> list[AnomalyEvent]:
+    """The anomaly events a file holds, or those the detectors find in a recording."""
+    if is_events_file(path):
+        return read_events(path)
+    stats = ReadStats()
+    records = read_recording([path], stats, options)
+    for note in stats.notes():
+        print(f"{path}: {note}", file=sys.stderr)
+    return watch.detect(cfg, records)
+
+
 def pairs_from_dir(d: Path) -> list[tuple[Path, Path]]:
     """``<name>.labels.json`` with ``<name>.events.jsonl`` in one directory."""
     out = []
@@ -329,8 +371,11 @@ def pairs_from_dir(d: Path) -> list[tuple[Path, Path]]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "files", nargs="*", type=Path, metavar="LABELS EVENTS",
-        help="pairs of a labels file (.labels.json) and an anomaly events file (JSONL)",
+        help="pairs of a labels file (.labels.json, or a run's labels.json) and an anomaly "
+        "events file (JSONL) or a recording to run the detectors over (a spool, NCCL "
+        "Inspector logs, a run directory, a .tar.gz of one)",
     )
+    add_source_arguments(parser)
     parser.add_argument("--dir", type=Path, action="append", default=[],
                         help="a directory of <name>.labels.json + <name>.events.jsonl pairs")
     parser.add_argument("--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
@@ -349,7 +394,21 @@ def run(args: argparse.Namespace, cfg: Any = None) -> int:
     if not paths:
         print("ncclwatch eval: nothing to evaluate (give LABELS EVENTS or --dir)", file=sys.stderr)
         return 2
-    pairs = [(LabelSet.load(lab), read_events(ev)) for lab, ev in paths]
+    if args.training_log and len(paths) > 1:
+        print("ncclwatch eval: --training-log belongs to one recording: give one pair", file=sys.stderr)
+        return 2
+    cfg = cfg if cfg is not None else config.load(None)
+    pairs = []
+    try:
+        for lab, ev in paths:
+            labels = LabelSet.load(lab)
+            # Inspector ops and training logs carry no job: the labels say which it is.
+            options = Options.from_config(cfg.ingest, training_logs=args.training_log,
+                                          job=args.job or labels.job)
+            pairs.append((labels, events_of(ev, cfg, options)))
+    except (ValueError, OSError) as e:  # RecordingError too: a bad file, said plainly
+        print(f"ncclwatch eval: {e}", file=sys.stderr)
+        return 2
     report = evaluate(pairs, args.tolerance_s)
     if args.json:
         print(json.dumps(report, indent=1))

@@ -2,7 +2,12 @@
 
 One JSON file per scenario (``<name>.labels.json``), written by the synthetic generator
 (:mod:`.scenarios`) and by whoever records a real run with injected faults; read by
-``ncclwatch eval``. ``docs/scenarios.md`` documents every field.
+``ncclwatch eval`` and ``ncclwatch report``. ``docs/scenarios.md`` documents every field.
+
+A recorded run's own ``labels.json`` (``bench/scenarios/record.py``:
+``{"scenario", "job", "faults": [...]}``, each fault with ``type``, ``start_ns``,
+``end_ns`` and what the recorder knew) is read too, by :meth:`LabelSet.from_run`. A file
+without ``job`` is about whatever job its events are of.
 
 >>> ls = LabelSet.from_dict({"scenario": "s", "job": "j", "labels": [
 ...     {"start_ns": 10, "end_ns": 20, "type": "network_path", "attribution": "network"}]})
@@ -56,6 +61,8 @@ class Label:
 
 
 _REQUIRED = ("start_ns", "end_ns", "type", "attribution")
+_ATTRIBUTION_OF = {"network_path": "network", "intra_node": "intra_node", "straggler": "straggler",
+                   "telemetry_loss": "telemetry"}
 _LABEL_FIELDS = {f.name for f in fields(Label)}
 
 
@@ -72,7 +79,12 @@ class LabelSet:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LabelSet:
-        for name in ("scenario", "job", "labels"):
+        """Either shape: ``{"labels": [...]}`` (this format) or a run's ``{"faults": [...]}``."""
+        if not isinstance(d, dict):
+            raise ValueError("a labels file is a JSON object")
+        if "labels" not in d and "faults" in d:
+            return cls.from_run(d)
+        for name in ("scenario", "labels"):
             if name not in d:
                 raise ValueError(f"labels file lacks {name!r}")
         if d.get("version", LABELS_VERSION) != LABELS_VERSION:
@@ -82,10 +94,60 @@ class LabelSet:
         meta = {k: v for k, v in d.items() if k not in known}
         return cls(
             scenario=str(d["scenario"]),
-            job=str(d["job"]),
+            job=str(d.get("job", "")),
             labels=labels,
             description=str(d.get("description", "")),
             meta=meta,
+        )
+
+    @classmethod
+    def from_run(cls, d: dict[str, Any]) -> LabelSet:
+        """A recorded run's ``labels.json`` (``bench/scenarios/record.py``).
+
+        Each fault keeps its interval, type and attribution (by type when absent); a
+        straggler's rank is its rank in the first communicator of ``comm_ranks`` (the
+        one it stalls, as the detector reports ranks), a network fault's communicator
+        the one in ``comms`` when there is one. What the recorder knew besides (global
+        ranks, pids, injector) goes to the note.
+
+        >>> ls = LabelSet.from_run({"scenario": "straggler", "job": "gpu-s", "faults": [
+        ...     {"type": "straggler", "attribution": "straggler", "global_rank": 1,
+        ...      "start_ns": 10, "end_ns": 20, "host": "vm", "pid": 885, "gpu": 1,
+        ...      "comm_ranks": {"0x20501219d149b3fe": 1}}]})
+        >>> lb = ls.labels[0]
+        >>> ls.job, lb.type, lb.rank, lb.comm, lb.host
+        ('gpu-s', 'straggler', 1, '0x20501219d149b3fe', 'vm')
+        """
+        faults = d.get("faults")
+        if not isinstance(faults, list):
+            raise ValueError("a run's labels.json holds a list of 'faults'")
+        labels = []
+        for i, f in enumerate(faults):
+            if not isinstance(f, dict):
+                raise ValueError(f"fault {i}: expected an object")
+            kind = f.get("type")
+            raw: dict[str, Any] = {
+                "start_ns": f.get("start_ns"),
+                "end_ns": f.get("end_ns"),
+                "type": kind,
+                "attribution": f.get("attribution", _ATTRIBUTION_OF.get(kind, "unknown")),
+            }
+            comm_ranks = f.get("comm_ranks") or {}
+            if comm_ranks:
+                raw["comm"], raw["rank"] = next(iter(comm_ranks.items()))
+            comms = f.get("comms") or {}
+            if len(comms) == 1:
+                raw["comm"] = next(iter(comms.values())).get("comm")
+            if f.get("host"):
+                raw["host"] = f["host"]
+            known = {"start_ns", "end_ns", "type", "attribution", "comm_ranks", "comms", "host"}
+            raw["note"] = ", ".join(f"{k} {v}" for k, v in f.items() if k not in known and v is not None)
+            labels.append(_label(i, raw))
+        return cls(
+            scenario=str(d.get("scenario", "")),
+            job=str(d.get("job", "")),
+            labels=labels,
+            description="a recorded run's labels.json",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,7 +162,15 @@ class LabelSet:
 
     @classmethod
     def load(cls, path: str | Path) -> LabelSet:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a labels file of either shape (raises ValueError or OSError, naming it)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON: {e}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")

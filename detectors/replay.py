@@ -4,8 +4,11 @@ Sources
     ``--topic NAME`` (repeatable), bounded by ``--since``/``--until`` on the Kafka
     message timestamps (``KafkaConsumer.offsets_for_times``) or by ``--offsets
     [TOPIC:]PARTITION:START-END`` (half-open); or ``--files PATH`` (repeatable):
-    ``.jsonl``, ``.jsonl.gz``, a spool directory, a ``.tar.gz`` of one, bounded by
-    ``--since``/``--until`` on the record times.
+    anything :mod:`ncclwatch.ingest.recording` reads (a spool directory or file, NCCL
+    Inspector JSON logs, a recorded run, a ``.tar.gz`` of any of them), with
+    ``--training-log`` (repeatable, globs) for the job's throughput, bounded by
+    ``--since``/``--until`` on the record times. Inspector ops and training-log
+    throughput become contract records (what ``--out`` and ``--to-kafka`` write).
 Destinations (exactly one)
     ``--detect``: a fresh in-process detector run, the same code as ``ncclwatch watch``
     (one line per anomaly, ``--events-out FILE``); ``--out FILE``: the records as JSON
@@ -38,12 +41,11 @@ from ncclwatch.detectors.drivers import (
     EventsFile,
     Pacer,
     ReadStats,
-    iter_recording_lines,
     message_lines,
-    opened_recording,
     order_key,
     record_time_ns,
 )
+from ncclwatch.ingest.recording import Options, RecordingError, add_source_arguments, iter_records
 
 from ncclwatch.config import Config
 from ncclwatch.records import Quarantined, parse_line
@@ -59,7 +61,14 @@ _CONSUMER = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("source (one kind)")
     src.add_argument("--topic", action="append", default=[], metavar="NAME", help="read this Kafka topic")
-    src.add_argument("--files", action="append", default=[], metavar="PATH", help="read a recording")
+    src.add_argument(
+        "--files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="read a recording: a spool, NCCL Inspector JSON logs, a recorded run, a .tar.gz of one",
+    )
+    add_source_arguments(src)
     rng = p.add_argument_group("range")
     rng.add_argument("--since", metavar="TIME", help="from this time on (ISO 8601, or epoch s/ms/us/ns)")
     rng.add_argument("--until", metavar="TIME", help="up to, not including, this time")
@@ -244,25 +253,25 @@ def _offsets_at(consumer: Any, tps: list, t_ns: int, default: dict, end: dict) -
     return {tp: (found[tp].offset if found.get(tp) is not None else end[tp]) for tp in tps}
 
 
-def read_files(paths: list[str], since_ns: int | None, until_ns: int | None, stats: ReadStats) -> list[Item]:
-    """Every complete line of the recordings whose record time is in the range, in time order.
+def read_files(
+    paths: list[str],
+    since_ns: int | None,
+    until_ns: int | None,
+    stats: ReadStats,
+    options: Options | None = None,
+) -> list[Item]:
+    """Every record of the recordings whose record time is in the range, in time order.
 
     Lines that are not valid records are left out and counted: there is nothing to
     order them by, and no destination wants them.
     """
     items: list[Item] = []
-    for path in paths:
-        with opened_recording(path) as p:
-            for source, raw, offset in iter_recording_lines(p, stats):
-                rec = parse_line(raw, source=source, offset=offset)
-                if isinstance(rec, Quarantined):
-                    stats.quarantine(rec)
-                    continue
-                t = record_time_ns(rec)
-                if (since_ns is not None and t < since_ns) or (until_ns is not None and t >= until_ns):
-                    continue
-                origin = (KIND_ORDER.get(rec.KIND, 3), source, offset)
-                items.append(Item(raw, t, t // 10**6, None, origin))
+    for source, offset, raw, rec in iter_records(paths, stats, options):
+        t = record_time_ns(rec)
+        if (since_ns is not None and t < since_ns) or (until_ns is not None and t >= until_ns):
+            continue
+        origin = (KIND_ORDER.get(rec.KIND, 3), source, offset)
+        items.append(Item(raw, t, t // 10**6, None, origin))
     stats.records = len(items)
     items.sort(key=lambda it: (it.time_ns, it.origin))
     return items
@@ -336,6 +345,8 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         return fail("give exactly one of --detect, --out, --to-topic, --to-kafka")
     if args.offsets and (args.files or args.since or args.until):
         return fail("--offsets is for topics and excludes --since/--until")
+    if args.topic and (args.training_log or args.job):
+        return fail("--training-log and --job are for --files")
     try:
         since_ns = parse_time_ns(args.since) if args.since else None
         until_ns = parse_time_ns(args.until) if args.until else None
@@ -356,12 +367,13 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
     if args.topic:
         items = read_topics(cfg, args.topic, since_ns, until_ns, offsets)
     else:
-        items = read_files(args.files, since_ns, until_ns, stats)
-    if stats.quarantined:
-        print(
-            f"left out {sum(stats.quarantined.values())} invalid line(s): {stats.quarantined}",
-            file=sys.stderr,
-        )
+        options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
+        try:
+            items = read_files(args.files, since_ns, until_ns, stats, options)
+        except RecordingError as e:
+            return fail(str(e))
+    for note in stats.notes():
+        print(note, file=sys.stderr)
     progress = Progress(len(items), enabled=False if args.no_progress else None)
     pacer = Pacer(args.speed)
     if args.detect:

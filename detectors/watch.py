@@ -8,9 +8,15 @@ alerts through :class:`~ncclwatch.alerting.sink.AlertSink` when Alertmanager is
 configured, and prints a status line every few seconds and one line per anomaly firing
 or resolved.
 
-Pointed at a recording (a spool directory with ``--speed``, a ``.tar.gz`` of one, or a
-``.jsonl[.gz]`` file) it replays it in record-time order at ``--speed`` N× real time,
-so detection can be seen without a GPU, then exits.
+Live, it tails NCCL Inspector's JSON output too (``SOURCE`` is an Inspector dump
+directory, or ``--inspector-dir``) and training logs (``--training-log``, one file per
+rank, globs allowed), as ``ncclwatch forward`` does.
+
+Pointed at a recording (with ``--speed``, or a file or archive) it replays it in
+record-time order at ``--speed`` N× real time, so detection can be seen without a GPU,
+then exits. A recording is anything :mod:`ncclwatch.ingest.recording` reads: a spool, a
+directory (or archive, or file) of Inspector JSON logs, a recorded run directory, with
+``--training-log`` for the job's throughput.
 
 Baselines (and, live, the spool read positions) are saved to ``--state`` /
 ``config.detector.state_path`` every ``--save-every-s`` seconds and on exit, and
@@ -22,12 +28,13 @@ result.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
-import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,16 +44,25 @@ from ncclwatch.detectors.drivers import (
     EventsFile,
     JobDetectors,
     Pacer,
-    ReadStats,
     TimeMerge,
     format_event,
-    read_recording,
     record_time_ns,
     write_jsonl_atomic,
 )
+from ncclwatch.ingest.live import LiveSources
+from ncclwatch.ingest.recording import (
+    INSPECTOR,
+    INSPECTOR_LATENESS_S,
+    Options,
+    ReadStats,
+    RecordingError,
+    add_source_arguments,
+    file_kind,
+    read_recording,
+)
 
 from ncclwatch.config import Config
-from ncclwatch.records import AnomalyEvent, OpRecord, Quarantined, parse_line
+from ncclwatch.records import AnomalyEvent, OpRecord, Quarantined
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
         nargs="?",
-        help="spool directory to tail (default: config ingest.spool_dir), or a recording to "
-        "replay: a spool directory (with --speed), a .tar.gz of one, a .jsonl or .jsonl.gz file",
+        help="what to tail (default: config ingest.spool_dir): a plugin spool or an NCCL "
+        "Inspector dump directory; or a recording to replay: a spool or Inspector directory "
+        "(with --speed), a recorded run directory, a .tar.gz of any of them, a .jsonl[.gz] "
+        "spool file or one Inspector .log file",
     )
+    add_source_arguments(p)
     p.add_argument(
         "--speed",
         type=float,
@@ -69,7 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="replay the recording at N× real time by record timestamps (0: as fast as "
         "possible), then exit; files and archives replay at 0 unless given",
     )
-    p.add_argument("--once", action="store_true", help="process what the spool holds now, flush, exit")
+    p.add_argument(
+        "--inspector-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="live: also tail this NCCL Inspector dump directory (JSON *.log); repeatable",
+    )
+    p.add_argument("--once", action="store_true", help="process what the sources hold now, flush, exit")
     p.add_argument("--events-out", metavar="FILE", help="append anomaly events here as JSON lines")
     p.add_argument(
         "--metrics-port",
@@ -90,10 +116,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class Watch:
-    """The loop's state: windower, per-job pipelines, outputs and the live status.
+    """The loop's state: windowers, per-job pipelines, outputs and the live status.
 
-    ``feed`` takes any parsed record; op records go through the windower, the rest
-    straight to the detectors, as the forwarder and the worker do between them.
+    ``feed`` takes any parsed record; op records go through a windower, the rest
+    straight to the detectors, as the forwarder and the worker do between them. Inspector
+    ops get the forwarder's Inspector windower: Inspector writes per communicator per
+    dump, so its ops arrive out of order by up to a dump interval.
     """
 
     def __init__(
@@ -118,6 +146,9 @@ class Watch:
         self.metrics = metrics or DetectorMetrics(max_keys=cfg.detector.max_metric_keys)
         self.metrics.bind(self.detectors)
         self.windower = Windower(cfg.ingest.window_s)
+        self.inspector_windower = Windower(
+            cfg.ingest.window_s, lateness_s=max(cfg.ingest.window_s, INSPECTOR_LATENESS_S)
+        )
         self._merge = TimeMerge()
         self._streams: set[tuple] = set()
         self.stream_ns = 0
@@ -151,7 +182,8 @@ class Watch:
         merge = self._merge
         if isinstance(record, OpRecord):
             stream = (record.job, record.host, record.pid)
-            for w in self.windower.add(record):
+            windower = self.inspector_windower if record.timing == "inspector" else self.windower
+            for w in windower.add(record):
                 self.windows_made += 1
                 merge.add(stream, 0, w.end_ns, w, 0)
             if stream not in self._streams:
@@ -165,7 +197,7 @@ class Watch:
 
     def flush(self) -> None:
         """End of input: close the open windows and the detectors' incomplete groups."""
-        for w in self.windower.flush():
+        for w in [*self.windower.flush(), *self.inspector_windower.flush()]:
             self.windows_made += 1
             self._merge.add((w.job, w.host, -1), 0, w.end_ns, w, 0)
         for rec in self._merge.drain():
@@ -244,17 +276,59 @@ class Watch:
         return state.get("positions")
 
 
+class EventList:
+    """Stands in for the events file: keeps the events in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[AnomalyEvent] = []
+
+    def write(self, event: AnomalyEvent) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+def detect(cfg: Config, records: Iterable[Any], *, metrics: Any = None) -> list[AnomalyEvent]:
+    """The anomaly events ``watch --speed 0`` gives for time-ordered ``records``.
+
+    For the commands that judge a recording (``report``, ``eval``): the same loop, no
+    output, no alerts.
+    """
+    sink = EventList()
+    watch = Watch(cfg, out=io.StringIO(), events_file=sink, metrics=metrics)  # type: ignore[arg-type]
+    for rec in records:
+        watch.feed(rec)
+    watch.flush()
+    return sink.events
+
+
 # --- the command ---------------------------------------------------------------------------
 
 
 class _Stop:
-    """SIGINT/SIGTERM set a flag; the loop finishes its batch, flushes and saves."""
+    """SIGINT/SIGTERM set a flag; the loop finishes its batch, flushes and saves.
+
+    Waits go through :meth:`sleep`, in slices: ``time.sleep`` resumes after a signal
+    handler returns (PEP 475), so one long sleep through a gap in a recording would keep
+    the process deaf to Ctrl-C until the gap is over.
+    """
+
+    SLICE_S = 0.1
 
     def __init__(self) -> None:
         self.requested = False
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.requested:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, self.SLICE_S))
 
 
 def _metrics(cfg: Config, port: int | None, out: TextIO) -> Any:
@@ -289,6 +363,15 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         print(f"ncclwatch watch: {source}: no such file or directory", file=sys.stderr)
         return 2
     replay = source.is_file() or args.speed is not None
+    options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
+    records: list[Any] = []
+    stats = ReadStats()
+    try:
+        if replay:
+            records = read_recording([source], stats, options)
+    except RecordingError as e:
+        print(f"ncclwatch watch: {e}", file=sys.stderr)
+        return 2
     state_path = args.state or ("" if replay else cfg.detector.state_path)
     metrics = _metrics(cfg, args.metrics_port, out)
     sink = _sink(cfg)
@@ -305,9 +388,9 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if replay:
-            _replay(watch, source, args, stop)
+            _replay(watch, source, records, stats, args, stop)
         else:
-            positions = _tail(watch, source, args, stop, positions, state_path)
+            positions = _tail(watch, source, args, stop, positions, state_path, options)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -337,9 +420,9 @@ def _every(interval_s: float) -> Any:
     return due
 
 
-def _replay(watch: Watch, source: Path, args: argparse.Namespace, stop: _Stop) -> None:
-    stats = ReadStats()
-    records = read_recording([source], stats)
+def _replay(
+    watch: Watch, source: Path, records: list[Any], stats: ReadStats, args: argparse.Namespace, stop: _Stop
+) -> None:
     speed = args.speed if args.speed is not None else 0.0
     span_s = (record_time_ns(records[-1]) - record_time_ns(records[0])) / 1e9 if records else 0.0
     print(
@@ -348,12 +431,9 @@ def _replay(watch: Watch, source: Path, args: argparse.Namespace, stop: _Stop) -
         file=watch.out,
         flush=True,
     )
-    if stats.quarantined:
-        print(
-            f"  left out {sum(stats.quarantined.values())} bad lines: {stats.quarantined}",
-            file=watch.out,
-        )
-    pacer = Pacer(speed)
+    for note in stats.notes():
+        print(f"  {note}", file=watch.out)
+    pacer = Pacer(speed, sleep=stop.sleep)
     status_due = _every(args.status_every_s)
     tick_due = _every(1.0)
     for rec in records:
@@ -369,6 +449,23 @@ def _replay(watch: Watch, source: Path, args: argparse.Namespace, stop: _Stop) -
     watch.flush()
 
 
+def _live_sources(source: Path, args: argparse.Namespace, cfg: Config, options: Options) -> LiveSources:
+    """The spool (or Inspector dump directory) ``source``, plus the Inspector directories
+    and training logs of the command line and the ``[ingest]`` configuration."""
+    inspector_dirs = [*args.inspector_dir, *_split(cfg.ingest.inspector_dirs)]
+    if source.name.startswith("nccl-inspector-") or any(file_kind(p) == INSPECTOR for p in source.glob("*.log")):
+        inspector_dirs.insert(0, str(source))
+        spool = None
+    else:
+        spool = str(source)
+    logs = list(options.training_logs) or _split(cfg.ingest.training_log)
+    return LiveSources(spool, inspector_dirs, logs, options)
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def _tail(
     watch: Watch,
     source: Path,
@@ -376,26 +473,26 @@ def _tail(
     stop: _Stop,
     positions: Any,
     state_path: str,
+    options: Options,
 ) -> Any:
-    """Tail the spool; records of all files go through a time merge.
+    """Tail the sources; records of all files go through a time merge.
 
-    The tailer reads files in turns, a chunk at a time: catching up on a spool (at start,
+    The tailers read files in turns, a chunk at a time: catching up on a spool (at start,
     after a restart, ``--once``) it can be minutes further in one file than in another.
     The merge lets a record go only when no file that still has unread bytes could hold
     an earlier one, so the detectors see the ranks of a job side by side, as they
     would have live. The saved positions are those of records processed, never of
     records still held.
     """
-    from ncclwatch.ingest.spool import SpoolTailer
-
-    tailer = SpoolTailer(str(source), positions or {})
+    live = _live_sources(source, args, watch.cfg, options)
+    live.resume(positions or {})
     done = dict(positions or {})
     merge = TimeMerge()
     last_t: dict[str, int] = {}
     status_due = _every(args.status_every_s)
     save_due = _every(args.save_every_s)
     tick_due = _every(1.0)
-    print(f"watching {source}", file=watch.out, flush=True)
+    print(f"watching {live.describe()}", file=watch.out, flush=True)
 
     def feed(items: list) -> None:
         for line, rec in items:
@@ -403,27 +500,20 @@ def _tail(
             done[line.source] = line.next_offset
 
     while not stop.requested:
-        lines = tailer.poll(POLL_MAX_LINES)
-        for line in lines:
-            rec = parse_line(line.raw, source=str(line.source), offset=line.offset)
+        n = 0
+        for key, line, rec in live.poll(POLL_MAX_LINES):
+            n += 1
             # a bad line has no time of its own: it keeps its place in its file
-            t = last_t.get(line.source, 0) if isinstance(rec, Quarantined) else record_time_ns(rec)
-            last_t[line.source] = t
+            t = last_t.get(key, 0) if isinstance(rec, Quarantined) else record_time_ns(rec)
+            last_t[key] = t
             rank = 0 if isinstance(rec, Quarantined) else KIND_ORDER.get(rec.KIND, 3)
-            merge.add(line.source, 0, t, (line, rec), rank)
-        # every file of the spool, read yet or not: one not read yet holds everything
-        for path in (p for stream in tailer.discover() for p in stream):
-            size = tailer.sizes.get(path)
-            if size is None:
-                try:
-                    size = os.stat(path).st_size
-                except FileNotFoundError:
-                    continue
-            behind = size > tailer.positions.get(path, 0)
-            if path in last_t:
-                merge.progress(path, behind)
+            merge.add(key, 0, t, (line, rec), rank)
+        # every file, read yet or not: one not read yet holds everything
+        for key, behind in live.behind():
+            if key in last_t:
+                merge.progress(key, behind)
             elif behind:
-                merge.expect(path, 0)
+                merge.expect(key, 0)
         feed(merge.release())
         if status_due():
             for text in watch.status_lines():
@@ -431,11 +521,16 @@ def _tail(
         if watch.sink is not None and tick_due():
             watch.sink.tick()
         if state_path and save_due():
+            done.update(live.positions())
             write_jsonl_atomic(state_path, watch.to_state(done))
-        if not lines:
+        if not n:
             if args.once:
                 break
-            time.sleep(POLL_IDLE_S)
+            stop.sleep(POLL_IDLE_S)
+    for key, line, rec in live.flush():
+        merge.add(key, 0, record_time_ns(rec), (line, rec), KIND_ORDER.get(rec.KIND, 3))
     feed(merge.drain())
     watch.flush()
+    live.close()
+    done.update(live.positions())
     return done

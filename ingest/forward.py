@@ -33,6 +33,7 @@ from ncclwatch.ingest import checkpoint, kafka_sink
 from ncclwatch.ingest.buffer import DiskBuffer
 from ncclwatch.ingest.inspector import (
     InspectorError,
+    NotAnOp,
     op_from_inspector,
     quarantine,
     windows_from_prom,
@@ -41,7 +42,7 @@ from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.parse import FastOpRecord, parse
 from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
-from ncclwatch.ingest.trainlog import ThroughputParser
+from ncclwatch.ingest.trainlog import RankMerge, ThroughputParser
 from ncclwatch.ingest.windows import Windower
 
 from ncclwatch import private
@@ -61,7 +62,7 @@ class Options:
     state_dir: str
     node_id: str
     inspector_dirs: list[str] = field(default_factory=list)
-    training_log: str = ""
+    training_logs: list[str] = field(default_factory=list)  # paths or globs, one file per rank
     job: str = ""
     once: bool = False
     delete_acked: bool = True
@@ -173,13 +174,16 @@ class Forwarder:
             self.inspector = FileTailer([os.path.join(d, "*.log") for d in opts.inspector_dirs])
             self.sources.append(("inspector_json", self.inspector))
         self.trainlog: FileTailer | None = None
-        self.tp_parser: ThroughputParser | None = None
-        if opts.training_log:
-            self.trainlog = FileTailer([opts.training_log])
+        # One parser per log (each counts steps of its own), one merge of all the ranks'
+        # logs into the job's series (ingest/trainlog.py: the rule, shared with watch).
+        self.tp_parsers: dict[str, ThroughputParser] = {}
+        self.tp_merge = RankMerge()
+        self.tp_job = opts.job or job_id()
+        self.inspector_skipped: collections.Counter = collections.Counter()
+        if opts.training_logs:
+            self.trainlog = FileTailer(list(opts.training_logs))
             self.sources.append(("training_log", self.trainlog))
-            self.tp_parser = ThroughputParser(
-                job=opts.job or job_id(), host=self.host,
-                regex=opts.throughput_regex or cfg.ingest.throughput_regex)
+            ThroughputParser(job=self.tp_job, host=self.host, regex=self._tp_regex())  # checks the regex now
         for _, tailer in self.sources:
             live = {p for s in tailer.discover() for p in s}
             for p in live:
@@ -510,6 +514,9 @@ class Forwarder:
                 send = line.next_offset > floor
                 try:
                     rec = op_from_inspector(line.raw, job=job)
+                except NotAnOp as e:  # a dump_stats marker: no op, nothing wrong
+                    self.inspector_skipped[e.what] += 1
+                    continue
                 except InspectorError as e:
                     if send:
                         stage = "parse" if e.reason in ("not_json", "not_utf8") else "schema"
@@ -525,22 +532,36 @@ class Forwarder:
                 self.floor.pop(src, None)
         return n
 
+    def _tp_regex(self) -> str:
+        return self.opts.throughput_regex or self.cfg.ingest.throughput_regex
+
     def _read_trainlog(self, chunks: list, out: list) -> int:
+        """Training-log lines -> the job's throughput series, stamped with the lines' own
+        time (read time only for a line without one), the ranks' logs merged."""
         n = 0
-        assert self.tp_parser is not None
+        read_ns = time.time_ns()
         for chunk in chunks:
             floor = self.floor.get(chunk.source, -1)
+            parser = self.tp_parsers.get(chunk.source)
+            if parser is None:
+                parser = self.tp_parsers[chunk.source] = ThroughputParser(
+                    job=self.tp_job, host=self.host, regex=self._tp_regex(),
+                    timezone=self.cfg.ingest.trainlog_timezone)
             for line in chunk.lines():
                 n += 1
                 if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
                     continue
-                rec = self.tp_parser.parse(line.raw.decode("utf-8", errors="replace"),
-                                           time.time_ns())
+                rec = parser.parse(line.raw.decode("utf-8", errors="replace"), read_ns)
                 if rec is not None:
-                    out.append((self.topics.throughput, rec.job.encode(), to_json(rec).encode()))
+                    self.tp_merge.add(chunk.source, rec)
             if chunk.next_offset >= floor:
                 self.floor.pop(chunk.source, None)
+        self._emit_throughput(self.tp_merge.release(), out)
         return n
+
+    def _emit_throughput(self, records: list, out: list) -> None:
+        for rec in records:
+            out.append((self.topics.throughput, rec.job.encode(), to_json(rec).encode()))
 
     def _poll_prom(self, out: list) -> int:
         n = 0
@@ -785,6 +806,8 @@ class Forwarder:
                 # The windower keeps the stream's closing horizon, so a process that
                 # resumes cannot reopen (and re-emit) a flushed window.
                 del self.stream_srcs[key]
+        if force:  # the input is complete: iterations some rank never logged go too
+            self._emit_throughput(self.tp_merge.flush(), out)
         return out
 
     def _gauges(self) -> None:
@@ -849,9 +872,9 @@ class Forwarder:
             self.buffer.empty() and self.drain is None))
 
     def run(self) -> int:
-        log.info("event=start node=%s spool=%s inspector_dirs=%d training_log=%s mode=%s",
+        log.info("event=start node=%s spool=%s inspector_dirs=%d training_logs=%d mode=%s",
                  self.opts.node_id, self.opts.spool_dir, len(self.opts.inspector_dirs),
-                 bool(self.opts.training_log), self.mode)
+                 len(self.opts.training_logs), self.mode)
         try:
             while not self.stopping:
                 n = self.step()
@@ -892,6 +915,9 @@ class Forwarder:
         log.info("event=stop read=%d sent=%d quarantined=%d buffer_bytes=%d",
                  self.read_total, self.sent_total, self.quarantined_total,
                  self.buffer.pending_bytes)
+        if self.inspector_skipped or self.tp_merge.late:
+            log.info("event=lines_without_a_record inspector=%s training_log_late=%d",
+                     dict(self.inspector_skipped), self.tp_merge.late)
         if sys.stderr.isatty():
             sys.stderr.write("\n")
         return 0
@@ -914,7 +940,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spool", help="plugin spool directory (default: config ingest.spool_dir)")
     p.add_argument("--inspector-dir", action="append", default=[],
                    help="NCCL Inspector dump directory (JSON *.log and *.prom); repeatable")
-    p.add_argument("--training-log", help="training log to parse throughput from")
+    p.add_argument("--training-log", action="append", default=[], metavar="FILE|GLOB",
+                   help="training log to parse throughput from, one file per rank; repeatable, "
+                        "each a path or a quoted glob; the ranks' logs become one series")
     p.add_argument("--once", action="store_true",
                    help="drain what is there, close all windows, wait for Kafka, exit 0")
     p.add_argument("--delete-acked", action=argparse.BooleanOptionalAction, default=True,
@@ -941,7 +969,8 @@ def options_from(args: argparse.Namespace, cfg: Config) -> Options:
         state_dir=args.state_dir or ing.state_dir,
         node_id=args.node_id,
         inspector_dirs=dirs,
-        training_log=args.training_log or ing.training_log,
+        training_logs=list(args.training_log)
+        or [p.strip() for p in ing.training_log.split(",") if p.strip()],
         job=args.job,
         once=args.once,
         delete_acked=args.delete_acked,

@@ -2,19 +2,28 @@
 
 The default pattern is Megatron-LM / NeMo's iteration line::
 
-     [2026-11-22 03:01:02] iteration      120/  5000 | consumed samples: 61440 | ...
+     [2026-11-22 03:01:02.104489] iteration      120/  5000 | consumed samples: 61440 | ...
      | throughput per GPU (TFLOP/s/GPU): 310.2 | ...
 
 ``config.ingest.throughput_regex`` replaces it; its named group ``tflops`` is required,
 ``step`` and ``tokens`` are optional. Without a ``step`` group the step is read from
 ``iteration <n>`` on the same line, else counted from 0. Lines that do not match are not
-errors: a training log is mostly other text. The log has no reliable clock, so ``ts_ns``
-is when the forwarder read the line (at most one poll interval late).
+errors: a training log is mostly other text.
 
->>> p = ThroughputParser(job="j", host="h")
->>> r = p.parse(" iteration      120/  5000 | throughput per GPU (TFLOP/s/GPU): 310.2 |", 7)
->>> r.step, r.tflops_per_gpu, r.source, r.rank
-(120, 310.2, 'log', -1)
+Time: a line's own timestamp, when it starts with one (:class:`LineClock`), is when the
+iteration was logged; the time the line was read is only the fallback for lines without
+one. A log read hours later (a recording, a backlog) otherwise lands its throughput far
+from the ops of the same steps, and nothing correlates.
+
+Several ranks' logs are one job series (:class:`RankMerge`).
+
+>>> p = ThroughputParser(job="j", host="h", timezone="UTC")
+>>> r = p.parse("[2026-11-22 03:25:28.104489] iteration 2/ 10 | "
+...             "throughput per GPU (TFLOP/s/GPU): 45.7 |", 7)
+>>> r.step, r.tflops_per_gpu, r.source, r.rank, r.ts_ns
+(2, 45.7, 'log', -1, 1795317928104489000)
+>>> p.parse(" iteration 3/ 10 | throughput per GPU (TFLOP/s/GPU): 45.9 |", 7).ts_ns
+7
 >>> p.parse("loss 1.23", 8) is None
 True
 """
@@ -23,12 +32,101 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+from collections import deque
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ncclwatch.config import IngestConfig
 from ncclwatch.records import ThroughputRecord
 
 DEFAULT_REGEX = IngestConfig.throughput_regex
 _STEP = re.compile(r"\biteration\s+(\d+)")
+
+# A timestamp near the start of a line: Megatron's ``[2026-11-22 03:25:28.104489]``,
+# NeMo's ``[NeMo I 2026-11-22 03:25:28 nemo_logging:349]``, Python logging's
+# ``2026-11-22 03:25:28,104``, ISO 8601 ``2026-11-22T03:25:28.104Z`` or ``…+01:00``.
+# It must begin within the first 32 characters: launchers prefix lines with a rank tag
+# (``[default0]:``, ``0: ``), and a date further in is part of the message, not its time.
+_STAMP = re.compile(
+    r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T ](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
+    r"(?:[.,](?P<frac>\d{1,9}))?\s?(?P<tz>Z|[+-]\d\d:?\d\d)?(?![\d])"
+)
+_STAMP_WITHIN = 32
+
+
+def zone(name: str) -> tzinfo | None:
+    """The zone a naive timestamp is read in: None for ``local`` (the reader's own zone).
+
+    >>> zone("local") is None, zone("UTC"), str(zone("Europe/Berlin"))
+    (True, datetime.timezone.utc, 'Europe/Berlin')
+    >>> zone("Mars/Olympus")
+    Traceback (most recent call last):
+    ...
+    ValueError: trainlog_timezone 'Mars/Olympus': not 'local', 'UTC' or an IANA zone name
+    """
+    if name == "local":
+        return None
+    if name.upper() in ("UTC", "Z"):
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"trainlog_timezone {name!r}: not 'local', 'UTC' or an IANA zone name") from None
+
+
+class LineClock:
+    """The timestamp a log line starts with, as ns since the epoch (None if it has none).
+
+    A timestamp with an offset (``Z``, ``+01:00``) means what it says. A naive one (what
+    Megatron and Python logging print: the training process's local time) is read in
+    ``timezone``: ``"local"`` (the zone of the process reading the log, right when it
+    runs where the job runs), ``"UTC"``, or an IANA name such as ``"Europe/Berlin"``.
+
+    Parameters
+    ----------
+    timezone
+        The zone of naive timestamps (``config.ingest.trainlog_timezone``).
+
+    Examples
+    --------
+    >>> c = LineClock("UTC")
+    >>> c.time_ns("[2026-11-22 03:25:28.104489] iteration 2/ 10 |")
+    1795317928104489000
+    >>> c.time_ns("2026-11-22T04:25:28.104489+01:00 iteration 2")
+    1795317928104489000
+    >>> LineClock("Europe/Berlin").time_ns("[NeMo I 2026-11-22 04:25:28 nemo_logging:349] x")
+    1795317928000000000
+    >>> c.time_ns("checkpoint saved by the job that started on 2026-11-22 03:25:28") is None
+    True
+    """
+
+    def __init__(self, timezone: str = "local"):
+        self.timezone = timezone
+        self._zone = zone(timezone)
+
+    def time_ns(self, line: str) -> int | None:
+        m = _STAMP.search(line, 0, _STAMP_WITHIN + 40)
+        if m is None or m.start() > _STAMP_WITHIN:
+            return None
+        g = m.group
+        try:
+            dt = datetime(int(g("y")), int(g("mo")), int(g("d")), int(g("h")), int(g("mi")), int(g("s")))
+        except ValueError:
+            return None  # 2026-13-45: not a date
+        tz = g("tz")
+        if tz:
+            if tz == "Z":
+                dt = dt.replace(tzinfo=UTC)
+            else:
+                sign = -1 if tz[0] == "-" else 1
+                hh, mm = int(tz[1:3]), int(tz[-2:])
+                dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
+        elif self._zone is not None:
+            dt = dt.replace(tzinfo=self._zone)
+        # A naive datetime's timestamp() is the local zone's, which is what "local" means.
+        frac = g("frac") or ""
+        return int(dt.timestamp()) * 10**9 + int((frac + "000000000")[:9])
 
 
 class ThroughputParser:
@@ -40,18 +138,24 @@ class ThroughputParser:
         Labels of the records (the log carries neither).
     regex
         Pattern with a ``tflops`` group (optional ``step``, ``tokens``).
+    timezone
+        The zone of naive line timestamps (see :class:`LineClock`).
     """
 
-    def __init__(self, *, job: str, host: str, regex: str = DEFAULT_REGEX):
+    def __init__(self, *, job: str, host: str, regex: str = DEFAULT_REGEX, timezone: str = "local"):
         self.job = job
         self.host = host
         self.regex = regex
+        self.timezone = timezone
         self._pattern = re.compile(regex)
         if "tflops" not in self._pattern.groupindex:
             raise ValueError(f"throughput regex needs a (?P<tflops>...) group: {regex!r}")
+        self._clock = LineClock(timezone)
         self._next_step = 0
+        self.untimed = 0  # records stamped with the read time: their line had no timestamp
 
-    def parse(self, line: str, ts_ns: int) -> ThroughputRecord | None:
+    def parse(self, line: str, read_ns: int) -> ThroughputRecord | None:
+        """The line's record, stamped with its own time, else ``read_ns``; None if none."""
         m = self._pattern.search(line)
         if m is None:
             return None
@@ -80,5 +184,132 @@ class ThroughputParser:
                 tokens = None
             if tokens is not None and (not math.isfinite(tokens) or tokens < 0):
                 tokens = None
-        return ThroughputRecord(job=self.job, host=self.host, rank=-1, ts_ns=ts_ns, step=step,
-                                tflops_per_gpu=tflops, tokens_per_s=tokens, source="log")
+        ts_ns = self._clock.time_ns(line)
+        if ts_ns is None:
+            ts_ns = read_ns
+            self.untimed += 1
+        return ThroughputRecord(
+            job=self.job,
+            host=self.host,
+            rank=-1,
+            ts_ns=ts_ns,
+            step=step,
+            tflops_per_gpu=tflops,
+            tokens_per_s=tokens,
+            source="log",
+        )
+
+
+class RankMerge:
+    """Several ranks' training logs (one file per rank) -> one job throughput series.
+
+    The rule: per iteration, the **median** over the ranks that reported it, stamped at
+    the **latest** of their timestamps. Ranks of a data-parallel job step together, so
+    their per-iteration TFLOP/s agree up to when each printed; the median is that common
+    value and ignores one rank whose line is off (a stalled logger, a rank that prints
+    a partial figure). The iteration is over for the job only once its last rank is
+    done, and the ops of that iteration end before it: the latest timestamp never puts
+    the job's throughput ahead of the NCCL windows that explain it. Ranks that print no
+    iteration lines (Megatron prints on one rank per pipeline stage) do not count.
+
+    An iteration is the k-th report of step n by a source, so a job restarted from a
+    checkpoint, which logs steps again, gives new iterations rather than mixing its
+    second run into its first.
+
+    Records go in with :meth:`add` and come out with :meth:`release`, so a caller adds
+    everything one poll read from every file before deciding what is complete. Live, an
+    iteration goes out once every rank that has reported anything reported it, or once
+    ``hold_steps`` later iterations arrived (a rank that died must not hold the job's
+    series back); a rank's report of an iteration already sent is counted in ``late``
+    and dropped. ``hold_steps=None`` (a recording, read whole) holds everything for
+    :meth:`flush`.
+
+    Parameters
+    ----------
+    hold_steps
+        Later iterations after which an incomplete one is sent anyway; None: never.
+
+    Examples
+    --------
+    >>> def rec(step, tf, ts):
+    ...     return ThroughputRecord(job="j", host="h", rank=-1, ts_ns=ts, step=step,
+    ...                             tflops_per_gpu=tf, tokens_per_s=None, source="log")
+    >>> m = RankMerge(hold_steps=2)
+    >>> m.add("rank-0.log", rec(1, 40.0, 100)); m.add("rank-1.log", rec(1, 44.0, 130))
+    >>> [(r.step, r.tflops_per_gpu, r.ts_ns) for r in m.release()]
+    [(1, 42.0, 130)]
+    >>> m.add("rank-0.log", rec(2, 40.0, 200)); m.release()  # rank 1 has not logged it yet
+    []
+    >>> m.add("rank-1.log", rec(2, 44.0, 230)); [r.tflops_per_gpu for r in m.release()]
+    [42.0]
+    """
+
+    def __init__(self, hold_steps: int | None = 4):
+        if hold_steps is not None and hold_steps < 1:
+            raise ValueError(f"hold_steps must be >= 1 or None, got {hold_steps}")
+        self.hold_steps = hold_steps
+        self._sources: set[str] = set()
+        self._seen: dict[tuple[str, int], int] = {}  # (source, step) -> reports so far
+        self._pending: dict[tuple[int, int], dict[str, ThroughputRecord]] = {}
+        self._order: deque[tuple[int, int]] = deque()
+        self._sent: set[tuple[int, int]] = set()
+        self._sent_order: deque[tuple[int, int]] = deque()
+        self.late = 0
+
+    def add(self, source: str, record: ThroughputRecord) -> None:
+        """One rank's record (one line of its log)."""
+        self._sources.add(source)
+        n = self._seen.get((source, record.step), 0)
+        self._seen[(source, record.step)] = n + 1
+        key = (record.step, n)
+        if key in self._sent:
+            self.late += 1
+            return
+        group = self._pending.get(key)
+        if group is None:
+            group = self._pending[key] = {}
+            self._order.append(key)
+        group.setdefault(source, record)
+
+    def release(self) -> list[ThroughputRecord]:
+        """The job records of the iterations complete now, in iteration order."""
+        return self._release(final=False)
+
+    def flush(self) -> list[ThroughputRecord]:
+        """Every iteration still held, with the ranks that reported it."""
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> list[ThroughputRecord]:
+        out = []
+        while self._order:
+            key = self._order[0]
+            group = self._pending[key]
+            if not final and (
+                self.hold_steps is None or (len(group) < len(self._sources) and len(self._order) <= self.hold_steps)
+            ):
+                break
+            self._order.popleft()
+            del self._pending[key]
+            out.append(_combine(list(group.values())))
+            self._sent.add(key)
+            self._sent_order.append(key)
+            if len(self._sent_order) > 4096:  # a late report is never this late
+                self._sent.discard(self._sent_order.popleft())
+        return out
+
+
+def _combine(records: list[ThroughputRecord]) -> ThroughputRecord:
+    first = records[0]
+    if len(records) == 1:
+        return first
+    tokens = [r.tokens_per_s for r in records if r.tokens_per_s is not None]
+    return ThroughputRecord(
+        job=first.job,
+        host=first.host,
+        rank=-1,
+        ts_ns=max(r.ts_ns for r in records),
+        step=first.step,
+        tflops_per_gpu=statistics.median(r.tflops_per_gpu for r in records),
+        tokens_per_s=statistics.median(tokens) if tokens else None,
+        source=first.source,
+    )

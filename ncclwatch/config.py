@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DEFAULT_PATH_ENV = "NCCLWATCH_CONFIG"
 
@@ -117,10 +118,23 @@ class IngestConfig:
     compression: str = "lz4"  # none, gzip, lz4 (lz4 costs ~0.25 us/record, gzip-9 ~13 us)
     buffer_max_bytes: int = 256 * 1024 * 1024
     inspector_dirs: str = ""  # comma-separated NCCL Inspector output dirs to tail
-    training_log: str = ""  # a training log to parse throughput from
+    training_log: str = ""  # comma-separated training logs or globs (one file per rank)
     throughput_regex: str = r"throughput per GPU \(TFLOP/s/GPU\):\s*(?P<tflops>[0-9.]+)"
+    # The zone of a training log's naive line timestamps (Megatron prints local time):
+    # "local" (the zone of the process reading the log), "UTC", or an IANA name.
+    trainlog_timezone: str = "local"
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9465
+
+    def __post_init__(self) -> None:
+        # Checked here, not where the first log line is read: a bad zone is a config error.
+        if self.trainlog_timezone != "local" and self.trainlog_timezone.upper() not in ("UTC", "Z"):
+            try:
+                ZoneInfo(self.trainlog_timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"ingest.trainlog_timezone {self.trainlog_timezone!r}: not 'local', 'UTC' "
+                    "or an IANA zone name") from None
 
 
 @dataclass(frozen=True)

@@ -409,7 +409,7 @@ def test_throughput_from_the_api_and_a_training_log_reaches_its_topic(kafka_boot
     log.write_text("".join(
         f" iteration {i:8d}/ 1000 | lm loss: 2.1 | throughput per GPU (TFLOP/s/GPU): {305 + i}.5 |\n"
         for i in (10, 11)) + "some other line\n")
-    run_once(cfg, tmp_path, spool, training_log=str(log), job="job-log")
+    run_once(cfg, tmp_path, spool, training_logs=[str(log)], job="job-log")
     recs = [(k, r) for _, k, r in records_of(consume(kafka_bootstrap, cfg.topics.throughput))]
     assert all(isinstance(r, ThroughputRecord) and k == r.job.encode() for k, r in recs)
     got = sorted((r.job, r.source, r.step, r.tflops_per_gpu) for _, r in recs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from ncclwatch.ingest.trainlog import ThroughputParser
 
@@ -10,9 +12,10 @@ MEGATRON = (" [2026-11-22 03:01:02] iteration      120/    5000 | consumed sampl
             "learning rate: 1.2E-04 |")
 
 
-def test_megatron_line_gives_step_and_tflops():
-    r = ThroughputParser(job="j", host="h").parse(MEGATRON, 5)
-    assert (r.step, r.tflops_per_gpu, r.ts_ns, r.source) == (120, 310.2, 5, "log")
+def test_megatron_line_gives_step_and_tflops_at_the_lines_own_time():
+    r = ThroughputParser(job="j", host="h", timezone="UTC").parse(MEGATRON, 5)
+    stamp_ns = int(datetime(2026, 11, 22, 3, 1, 2, tzinfo=UTC).timestamp()) * 10**9
+    assert (r.step, r.tflops_per_gpu, r.ts_ns, r.source) == (120, 310.2, stamp_ns, "log")
 
 
 def test_custom_regex_with_step_and_tokens():
