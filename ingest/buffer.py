@@ -9,6 +9,13 @@ msgpack payload ``[[topic, key, value], ...]``. A torn frame at the very end (a 
 during ``append``) is cut off on open: its batch was never fsynced, so its positions were
 never checkpointed and the lines are read again from the source.
 
+Bounded: ``append`` refuses (:class:`BufferFull`) a batch that would take the files on
+disk past ``max_bytes``, before writing anything; the caller keeps that batch in memory
+and stops reading (back-pressure: the plugin's spool keeps the lines). A write that
+fails (``ENOSPC``, ``EIO``) is cut back to the last whole frame before the error is
+raised, so a full disk never leaves a torn frame in front of later ones. Files are
+0600 in a 0700 directory: they hold record content.
+
 >>> import tempfile
 >>> b = DiskBuffer(tempfile.mkdtemp())
 >>> b.append([("t", b"k", b"v1"), ("t", b"k", b"v2")])
@@ -29,6 +36,8 @@ import zlib
 
 import msgspec
 
+from ncclwatch import private
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">II")
@@ -36,14 +45,34 @@ _NAME = re.compile(r"^buffer\.(\d{12})\.bin$")
 Message = tuple[str, bytes | None, bytes]
 
 
+class BufferFull(Exception):
+    """The batch would take the buffer past ``max_bytes``; nothing was written."""
+
+
 class DiskBuffer:
-    """Append-only frames in ``directory``; ``position`` is ``(file number, offset)``."""
+    """Append-only frames in ``directory``; ``position`` is ``(file number, offset)``.
+
+    ``max_bytes`` bounds the bytes of the buffer's files on disk (consumed files count
+    until :meth:`collect` deletes them); ``None`` is unbounded.
+
+    >>> import tempfile
+    >>> b = DiskBuffer(tempfile.mkdtemp(), max_bytes=100)
+    >>> b.append([("t", None, b"x" * 60)])
+    >>> try:
+    ...     b.append([("t", None, b"y" * 60)])
+    ... except BufferFull as e:
+    ...     print(e)
+    a frame of 75 bytes would take the buffer to 150 bytes > max_bytes 100
+    >>> b.disk_bytes
+    75
+    """
 
     def __init__(self, directory: str, position: tuple[int, int] | None = None,
-                 *, file_bytes: int = 64 << 20):
+                 *, file_bytes: int = 64 << 20, max_bytes: int | None = None):
         self.directory = directory
         self.file_bytes = file_bytes
-        os.makedirs(directory, exist_ok=True)
+        self.max_bytes = max_bytes
+        private.makedirs(directory)
         self._encode = msgspec.msgpack.Encoder().encode
         self._decode = msgspec.msgpack.Decoder(list[tuple[str, bytes | None, bytes]]).decode
         self.corrupt_frames_total = 0
@@ -103,22 +132,39 @@ class DiskBuffer:
     # -- queue --------------------------------------------------------------------------
 
     def append(self, messages: list[Message]) -> None:
-        """Write one batch durably (fsync) before returning."""
+        """Write one batch durably (fsync) before returning.
+
+        Raises :class:`BufferFull` (nothing written) past ``max_bytes``, and ``OSError``
+        when the write fails, with the file cut back to its last whole frame.
+        """
         payload = self._encode(messages)
         frame = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        if self.max_bytes is not None and self.disk_bytes + len(frame) > self.max_bytes:
+            raise BufferFull(f"a frame of {len(frame)} bytes would take the buffer to "
+                             f"{self.disk_bytes + len(frame)} bytes > max_bytes {self.max_bytes}")
         if self._sizes.get(self._write_file, 0) >= self.file_bytes:
             self._write_file += 1
             self._sizes[self._write_file] = 0
         path = self._path(self._write_file)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        size = self._sizes.get(self._write_file, 0)
+        fd = private.open_append(path)
         try:
-            view = memoryview(frame)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)  # the torn tail of an earlier failed write
+            try:
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                # Cut the partial frame now; if even that fails, the fstat above cuts
+                # it at the next append, and a torn tail is cut on open.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
         finally:
             os.close(fd)
-        self._sizes[self._write_file] = self._sizes.get(self._write_file, 0) + len(frame)
+        self._sizes[self._write_file] = size + len(frame)
 
     def peek(self) -> list[Message] | None:
         """The oldest unsent batch, or None when the buffer is empty."""
@@ -158,6 +204,11 @@ class DiskBuffer:
     @property
     def position(self) -> tuple[int, int]:
         return self._read_file, self._read_off
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the buffer's files on disk (consumed ones until :meth:`collect`)."""
+        return sum(self._sizes.values())
 
     @property
     def pending_bytes(self) -> int:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclwatch.ingest import checkpoint, kafka_sink
-from ncclwatch.ingest.buffer import DiskBuffer
+from ncclwatch.ingest.buffer import BufferFull, DiskBuffer
+from ncclwatch.ingest.disk_errors import DiskErrors
 from ncclwatch.ingest.inspector import (
     InspectorError,
     NotAnOp,
@@ -90,9 +91,14 @@ class Options:
 
 
 class Batch:
-    """Messages read together, and the positions that become safe once they are done."""
+    """Messages read together, and the positions that become safe once they are done.
 
-    __slots__ = ("messages", "snapshot", "pending", "errors", "done", "sent_at", "records")
+    A batch is *held* while it is neither sent nor spilled: Kafka is failing and the
+    spill buffer has no room for it (its bound, or a full disk). Held batches stay in
+    memory, in order, and reading pauses until they are spilled or sent.
+    """
+
+    __slots__ = ("messages", "snapshot", "pending", "errors", "done", "sent_at", "records", "held")
 
     def __init__(self, messages: list, snapshot: dict | None):
         self.messages = messages
@@ -102,6 +108,7 @@ class Batch:
         self.done = not messages
         self.sent_at = 0.0
         self.records: collections.Counter = collections.Counter()
+        self.held = False
 
     def ok(self, _metadata: Any) -> None:  # kafka-python sender thread
         self.pending -= 1
@@ -133,6 +140,9 @@ class Forwarder:
         self.host = socket.gethostname()
         self.node_dir = os.path.join(opts.state_dir, safe_filename(opts.node_id))
         self.ckpt_path = checkpoint.path_for(opts.state_dir, opts.node_id)
+        self.disk = DiskErrors(self.metrics)
+        for tmp in checkpoint.remove_stale_temps(self.ckpt_path):
+            log.warning("event=stale_temp_removed path=%s", tmp)
         state = checkpoint.load(self.ckpt_path)
         self.acked: dict[str, int] = dict(state.get("acked", {}))
         self.window_from: dict[str, int] = dict(state.get("window_from", {}))
@@ -204,7 +214,7 @@ class Forwarder:
 
         buf = state.get("buffer")
         self.buffer = DiskBuffer(os.path.join(self.node_dir, "buffer"),
-                                 tuple(buf) if buf else None)
+                                 tuple(buf) if buf else None, max_bytes=opts.buffer_max_bytes)
         self.quarantine_path = opts.quarantine_file or os.path.join(self.node_dir,
                                                                     "quarantine.jsonl")
         self.producer: Any = None
@@ -214,6 +224,7 @@ class Forwarder:
         self.backoff_s = 0.5
         self.next_attempt = 0.0
         self.buffer_full_logged = False
+        self.full_at_bytes = 1 << 62  # buffer bytes when a batch was last refused for room
         self.stopping = False
         self.last_ckpt = 0.0
         self.last_idle_check = 0.0
@@ -314,8 +325,10 @@ class Forwarder:
                 private.makedirs(os.path.dirname(self.quarantine_path))
                 self.quarantine_fd = private.open_append(self.quarantine_path)
             os.write(self.quarantine_fd, line + b"\n")
-        except OSError as e:
-            log.warning("event=quarantine_file_failed error=%s", e)
+        except OSError as e:  # the file is a convenience copy: the topic has it all
+            self.disk.failed("quarantine", self.quarantine_path, e)
+        else:
+            self.disk.ok("quarantine")
         out.append((self.topics.quarantine, q.source.encode("utf-8", "replace"), line))
 
     # -- reading the spool's streams together in stream time ------------------------------
@@ -667,20 +680,47 @@ class Forwarder:
             return
         if self.mode == DIRECT and self.producer is not None:
             self._send(batch)
+        elif any(b.held for b in self.batches if b is not batch):
+            batch.held = True  # behind a held batch: keep the order
         else:
             self._spill_one(batch)
 
-    def _spill_one(self, batch: Batch) -> None:
-        self.buffer.append(batch.messages)
+    def _spill_one(self, batch: Batch) -> bool:
+        """Spill a batch, or hold it (in memory) when the buffer has no room for it."""
+        if batch.held and not self.disk.retry_due("buffer"):
+            return False
+        if batch.held and self.buffer.disk_bytes >= self.full_at_bytes:
+            return False  # refused for room before, and no room was freed since
+        try:
+            self.buffer.append(batch.messages)
+        except BufferFull:
+            self.full_at_bytes = self.buffer.disk_bytes
+            if not self.buffer_full_logged:
+                log.error("event=buffer_full buffer_bytes=%d limit=%d action=pause_reading "
+                          "(nothing is dropped: the spool keeps the data until Kafka is back)",
+                          self.buffer.disk_bytes, self.opts.buffer_max_bytes)
+                self.buffer_full_logged = True
+            batch.held = True
+            return False
+        except OSError as e:
+            self.disk.failed("buffer", self.buffer.directory, e)
+            batch.held = True
+            return False
+        self.disk.ok("buffer")
+        batch.held = False
         batch.done = True
         self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+        return True
 
     def _spill_all(self, why: str) -> None:
-        """Kafka is failing: move every unfinished batch, in order, to the disk buffer."""
+        """Kafka is failing: move every unfinished batch, in order, to the disk buffer;
+        from the first one that does not fit on, they are held, so the order stays."""
         n = 0
+        blocked = False
         for b in self.batches:
             if not b.done:
-                self._spill_one(b)
+                if blocked or not self._spill_one(b):
+                    blocked = b.held = True
                 n += 1
         if self.mode != SPILL:
             log.warning("event=kafka_unavailable reason=%s action=spill_to_disk batches=%d "
@@ -692,6 +732,8 @@ class Forwarder:
         """Retire finished batches from the head; the newest retired snapshot is safe."""
         while self.batches:
             head = self.batches[0]
+            if head.held:
+                return  # neither sent nor spilled yet
             if not head.done:
                 if not head.resolved:
                     if self.clock() - head.sent_at > self.opts.stall_s:
@@ -740,12 +782,31 @@ class Forwarder:
         msgs = self.buffer.peek()
         if msgs is None:
             if self.mode == SPILL:
-                log.info("event=kafka_recovered action=direct_send")
+                log.info("event=kafka_recovered action=direct_send held_batches=%d",
+                         sum(1 for b in self.batches if b.held))
             self.mode = DIRECT
             self.buffer_full_logged = False
+            self._send_held()
             return
         self.drain = Batch(msgs, None)
         self._send(self.drain)
+
+    def _send_held(self) -> None:
+        """The buffer is drained and Kafka answers: send held batches, in order, directly
+        (no disk needed, so a full disk does not stop forwarding)."""
+        for i, b in enumerate(self.batches):
+            if b.held:
+                fresh = Batch(b.messages, b.snapshot)  # no callbacks of an older send
+                self.batches[i] = fresh
+                self._send(fresh)
+
+    def _retry_held(self) -> None:
+        """Spill held batches (in order) once the buffer has room and the disk space."""
+        if self.mode != SPILL:
+            return
+        for b in self.batches:
+            if b.held and not self._spill_one(b):
+                return
 
     # -- housekeeping ----------------------------------------------------------------------
 
@@ -761,9 +822,18 @@ class Forwarder:
                  "closed_before": self.initial_closed_before}
             self.committed = c
         state = {"version": 1, **c, "buffer": list(self.buffer.position)}
-        checkpoint.save(self.ckpt_path, state)
-        self.buffer.collect()
         self.last_ckpt = now
+        try:
+            checkpoint.save(self.ckpt_path, state)
+        except OSError as e:
+            # Retried at the next interval. Consumed buffer files go anyway: they were
+            # acknowledged, and deleting them before the checkpoint that says so costs
+            # duplicates after a crash, never data; it frees the space the save needs.
+            self.disk.failed("checkpoint", self.ckpt_path, e)
+            self.buffer.collect()
+            return
+        self.disk.ok("checkpoint")
+        self.buffer.collect()
         self.ckpt_dirty = False
         if self.opts.delete_acked:
             self._delete_acked(c)
@@ -837,16 +907,14 @@ class Forwarder:
     def step(self) -> int:
         """One loop iteration; how many lines were read (-1: reading was paused)."""
         self._collect()
+        self._retry_held()
         self._drain()
         n = -1
         inflight = sum(1 for b in self.batches if not b.done)
-        buffer_full = self.buffer.pending_bytes >= self.opts.buffer_max_bytes
-        if buffer_full and not self.buffer_full_logged:
-            log.error("event=buffer_full buffer_bytes=%d limit=%d action=pause_reading "
-                      "(nothing is dropped: the spool keeps the data until Kafka is back)",
-                      self.buffer.pending_bytes, self.opts.buffer_max_bytes)
-            self.buffer_full_logged = True
-        if not self.stopping and not buffer_full and inflight < self.opts.max_inflight_batches:
+        # Back-pressure: while a batch waits for room in the buffer, reading pauses and
+        # the spool holds the rest (the plugin's node-local segments).
+        held = any(b.held for b in self.batches)
+        if not self.stopping and not held and inflight < self.opts.max_inflight_batches:
             if self.mode == DIRECT and self.producer is None and not self._connect():
                 self.mode = SPILL
                 self.next_attempt = self.clock() + self.backoff_s

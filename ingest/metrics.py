@@ -28,6 +28,12 @@ class ForwarderMetrics:
         self.plugin_dropped = Counter("ncclwatch_plugin_dropped_total",
                                       "Ops the profiler plugin could not record",
                                       ["job", "host", "reason"], registry=r)
+        self.disk_errors = Counter("ncclwatch_forwarder_disk_write_errors_total",
+                                   "Writes to the state directory that failed (and are retried)",
+                                   ["where", "errno"], registry=r)
+        self.disk_failing = Gauge("ncclwatch_forwarder_disk_write_failing",
+                                  "1 while writes to this part of the state directory fail",
+                                  ["where"], registry=r)
         self.windows_late = Counter("ncclwatch_forwarder_window_late_ops_total",
                                     "Ops that arrived after their window had closed",
                                     registry=r)

@@ -154,6 +154,17 @@ if [[ ! -x $HELM || $(cat "$HELM.version" 2>/dev/null) != "$HELM_VERSION" ]]; th
     fi
 fi
 
+# crdcheck: decodes rendered ServiceMonitors/PrometheusRules strictly into the Prometheus
+# Operator's Go types (tests/k8s/crdcheck; its modules come from the Go module proxy).
+CRDCHECK="$CACHE_DIR/bin/ncclwatch-crdcheck"
+cstamp="$CRDCHECK.stamp"
+want_cstamp="$(sha "$REPO"/tests/k8s/crdcheck/{go.mod,go.sum,main.go})"
+if [[ ! -x $CRDCHECK || $(cat "$cstamp" 2>/dev/null) != "$want_cstamp" ]] && command -v go >/dev/null; then
+    log "go build tests/k8s/crdcheck"
+    (cd "$REPO/tests/k8s/crdcheck" && go build -o "$CRDCHECK" .)
+    echo "$want_cstamp" >"$cstamp"
+fi
+
 # ---------------------------------------------------------------- training frameworks
 FW_VENV="$CACHE_DIR/frameworks-venv"
 FW_REQ="$REPO/requirements/frameworks.txt"
