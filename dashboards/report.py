@@ -403,7 +403,8 @@ def markdown(run: Run, figures: dict[str, dict[str, str]]) -> str:
         "",
         f"- source: `{run.source}`",
         f"- recorded: {_clock(run.t0_ns)}, {span_s:.0f} s",
-        f"- records: {kinds}" + (f"; {run.quarantined} bad lines left out" if run.quarantined else ""),
+        f"- records: {kinds}",
+        *(f"- {note}" for note in run.notes),  # bad lines, skipped lines, unrecognised files
         f"- anomaly events: {len(run.events)}, from {run.events_source}",
     ]
     if run.late_ops:

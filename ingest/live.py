@@ -60,8 +60,10 @@ class LiveSources:
         if training_logs:
             self.tailers.append(("training_log", FileTailer([os.path.expanduser(p) for p in training_logs])))
         self.host = socket.gethostname()
-        # Live, a job id can come from the environment, as the forwarder takes it.
-        self.job = options.job or job_id()
+        # Live, a job id can come from the environment, as the forwarder takes it; the
+        # training logs are of the job Inspector's directory names, when it names one.
+        named = {inspector_job(Path(d, "x.log")) for d in inspector_dirs} - {""}
+        self.job = options.job or (next(iter(named)) if len(named) == 1 else "") or job_id()
         self.merge = RankMerge()
         self._parsers: dict[str, ThroughputParser] = {}
         self._inspector_jobs: dict[str, str] = {}

@@ -383,10 +383,12 @@ def iter_records(
                     spool_jobs.add(getattr(rec, "job", ""))
                     has_throughput |= rec.KIND == "throughput"
                     yield source, offset, raw, rec
+        jobs = set(spool_jobs)  # the jobs the training logs may be of
         for _, src in found:
             for f in src.inspector:
                 stats.files[INSPECTOR] = stats.files.get(INSPECTOR, 0) + 1
                 job = options.job or src.job or inspector_job(f) or _only(spool_jobs) or "unknown"
+                jobs.add(job)
                 yield from _inspector_records(f, job, stats)
         logs = expand_globs(options.training_logs)
         if not logs and not has_throughput:
@@ -394,11 +396,10 @@ def iter_records(
             # through the API (then the spool has it, and a second series would disagree)
             logs = [f for _, src in found for f in src.trainlogs]
         if logs:
-            job = options.job or next((s.job for _, s in found if s.job), "") or _only(spool_jobs)
-            if not job and len(spool_jobs) > 1:
+            job = options.job or next((s.job for _, s in found if s.job), "") or _only(jobs)
+            if not job and len(jobs) > 1:
                 raise RecordingError(
-                    f"the recording holds jobs {sorted(spool_jobs)}: give --job "
-                    "to say which one the training logs are of"
+                    f"the recording holds jobs {sorted(jobs)}: give --job to say which one the training logs are of"
                 )
             for i, rec in enumerate(read_training_logs(logs, job=job or "unknown", options=options, stats=stats)):
                 yield str(logs[0]), i, to_json(rec).encode(), rec

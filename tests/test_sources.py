@@ -195,3 +195,28 @@ def test_an_inspector_line_is_windowed_with_inspector_lateness_in_watch(tmp_path
         w.feed(rec)
     w.flush()
     assert w.inspector_windower.late_total == 0 and w.windows_made == 10
+
+
+def test_watch_tails_an_inspector_dump_directory_and_training_logs_as_it_replays_them(run, tmp_path):
+    """Live (no --speed): the directory holds Inspector logs, so it is tailed as one."""
+    root, info = run
+    live, replayed = tmp_path / "live.jsonl", tmp_path / "replayed.jsonl"
+    logs = str(root / "logs" / "*.log")
+    assert cli.main(["watch", str(root / "inspector"), "--once", "--training-log", logs, "--job", info["job"],
+                     "--events-out", str(live), "--metrics-port", "-1"]) == 0
+    assert cli.main(["watch", str(root / "inspector"), "--speed", "0", "--training-log", logs, "--job", info["job"],
+                     "--events-out", str(replayed), "--metrics-port", "-1"]) == 0
+    assert _events(live) == _events(replayed)
+    assert any(e["type"] == "network_path" and e["severity"] == "critical" for e in _events(live))
+
+
+def test_training_logs_take_the_job_the_inspector_directory_names(run, tmp_path):
+    root, info = run
+    d = tmp_path / "nccl-inspector-4711"
+    shutil.copytree(root / "inspector", d)
+    logs = (str(root / "logs" / "*.log"),)
+    recs = read_recording([d], options=Options(training_logs=logs))
+    assert {r.job for r in recs} == {"4711"} and sum(isinstance(r, ThroughputRecord) for r in recs) == info["steps"]
+    live = LiveSources(None, [str(d)], list(logs), Options())
+    ops = [r for _, _, r in live.poll(100_000)]
+    assert {r.job for r in ops} == {"4711"} and any(isinstance(r, ThroughputRecord) for r in ops)
