@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
+# torch and the frameworks are imported inside the functions: pytest's doctest collection
+# imports this file in the test venv, which has none of them.
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 6
 
 
 def lightning_run() -> None:
     import lightning as L
-
+    import torch
     from ncclwatch.ingest.lightning_callback import NcclwatchCallback
 
     class TinyLM(L.LightningModule):
@@ -44,9 +44,9 @@ def lightning_run() -> None:
 
 
 def hf_run(out_dir: str) -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
+    import torch
     from ncclwatch.ingest.hf_callback import NcclwatchTrainerCallback
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     class Tokens(torch.utils.data.Dataset):
         def __len__(self):
@@ -66,6 +66,8 @@ def hf_run(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    import torch
+
     torch.manual_seed(0)
     if sys.argv[1] == "lightning":
         lightning_run()
