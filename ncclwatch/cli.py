@@ -34,11 +34,11 @@ COMMANDS = (
     Command(
         "watch",
         "ncclwatch.detectors.watch",
-        "single-node mode: tail the spool, detect, serve metrics, alert (no Kafka)",
-        "Tails the plugin's spool directory directly and runs the detectors in-process. "
-        "Pointed at a recorded spool with --speed it replays it, so detection can be seen "
-        "without a GPU. Serves Prometheus metrics and sends alerts when Alertmanager is "
-        "configured, else prints them.",
+        "single-node mode: tail the spool or Inspector logs, detect, serve metrics, alert (no Kafka)",
+        "Tails the plugin's spool directory (or NCCL Inspector's JSON logs, and training logs) "
+        "directly and runs the detectors in-process. Pointed at a recording with --speed it "
+        "replays it, so detection can be seen without a GPU. Serves Prometheus metrics and "
+        "sends alerts when Alertmanager is configured, else prints them.",
     ),
     Command(
         "forward",
@@ -67,21 +67,24 @@ COMMANDS = (
         "ncclwatch.detectors.replay",
         "replay a historic run from Kafka or files into a detector run or topic",
         "Replays records by time range or offsets, at a speed factor, into a fresh detector "
-        "run, into files, or from files into topics (live topics only with an explicit flag).",
+        "run, into files, or from files into topics (live topics only with an explicit flag). "
+        "Files: a spool, NCCL Inspector JSON logs, a recorded run, an archive, training logs.",
     ),
     Command(
         "eval",
         "ncclwatch.detectors.evaluate",
         "score anomaly events against a labelled scenario",
         "Precision, recall, F1, detection delay and attribution accuracy of anomaly events "
-        "against labelled fault intervals; a table, or JSON for CI.",
+        "(or of the detectors run over a recording) against labelled fault intervals; a "
+        "table, or JSON for CI.",
     ),
     Command(
         "report",
         "ncclwatch.dashboards.report",
         "PNG plots and a Markdown summary of a recorded run",
-        "Plots bus bandwidth over time per key with anomalies shaded and job throughput "
-        "overlaid, for people who want a picture without Grafana.",
+        "Plots bus bandwidth over time per key with anomalies shaded, the baseline band and "
+        "job throughput overlaid, for people who want a picture without Grafana. Reads a "
+        "spool, NCCL Inspector JSON logs, a recorded run or an archive of one.",
     ),
     Command(
         "alert-test",
