@@ -14,7 +14,10 @@ the backoff reads, so tests drive both.
 >>> calls
 [('POST', 'http://am:9093/api/v2/alerts', [{'labels': {'alertname': 'X'}}])]
 
-Failures back off: 1 s, 2 s, 4 s ... up to ``backoff_max_s``; a success resets it.
+Failures back off: 1 s, 2 s, 4 s, then every ``backoff_max_s`` (5 s); a success resets
+it. The cap is short on purpose: a retry is one small POST (a refused connection costs
+nothing), and alerts held through an outage should go out within seconds of the
+recovery, not after a doubling that had reached half a minute.
 
 >>> now = [0.0]
 >>> def down(method, url, body, timeout_s):
@@ -160,7 +163,9 @@ class AlertmanagerClient:
     timeout_s
         Per request.
     backoff_initial_s, backoff_max_s
-        The first retry delay after a failure, doubled per further failure up to the max.
+        The first retry delay after a failure, doubled per further failure up to the max
+        (so the first retry after Alertmanager is back comes at most ``backoff_max_s``
+        after it).
     """
 
     def __init__(
@@ -171,7 +176,7 @@ class AlertmanagerClient:
         clock: Callable[[], float] = time.monotonic,
         timeout_s: float = 5.0,
         backoff_initial_s: float = 1.0,
-        backoff_max_s: float = 60.0,
+        backoff_max_s: float = 5.0,
     ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"alertmanager_url must be http(s)://..., got {url!r}")

@@ -11,6 +11,13 @@ Firing alerts are sent with ``endsAt`` = now + 4 resend intervals (as Prometheus
 if ncclwatch dies, Alertmanager resolves them on its own instead of keeping them forever;
 while ncclwatch lives, re-sends push ``endsAt`` ahead.
 
+An anomaly that fires and resolves while Alertmanager is unreachable is still
+notified: Alertmanager drops the resolution of an alert it never had firing, so the
+outbox keeps such a resolution with ``fire_first``; once Alertmanager answers the firing
+alert is delivered, and the resolution only ``resolve_hold_s`` later, when Alertmanager
+has notified the firing one (its group_wait, or group_interval for a group already
+notified).
+
 With no Alertmanager (``client=None``, the local-mode default) each firing and each
 resolution is printed as one line instead.
 
@@ -90,6 +97,11 @@ class AlertSink:
         when full).
     batch_size
         Alerts per POST.
+    resolve_hold_s
+        How long after its firing alert was first accepted a resolution that fired and
+        resolved during an outage is held back: at least Alertmanager's ``group_wait``
+        plus ``group_interval`` (the shipped config: 30 s + 5 min), so Alertmanager has
+        notified the firing alert before it learns that it ended.
     clock, now_ns
         Monotonic seconds (re-send schedule) and wall-clock ns (``endsAt``).
     out
@@ -106,6 +118,7 @@ class AlertSink:
         state_dir: str | Path | None = None,
         max_outbox: int = 10_000,
         batch_size: int = 200,
+        resolve_hold_s: float = 330.0,
         clock: Callable[[], float] = time.monotonic,
         now_ns: Callable[[], int] = time.time_ns,
         out: TextIO | None = None,
@@ -114,6 +127,8 @@ class AlertSink:
             raise ValueError("resend_interval_s must be > 0")
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if resolve_hold_s < 0:
+            raise ValueError("resolve_hold_s must be >= 0")
         self.client = client
         self.links = links or AlertLinks()
         self.static_labels = dict(static_labels or {})
@@ -121,6 +136,7 @@ class AlertSink:
         self.state_dir = state_dir
         self.max_outbox = max_outbox
         self.batch_size = batch_size
+        self.resolve_hold_s = resolve_hold_s
         self.clock = clock
         self.now_ns = now_ns
         self.out = out
@@ -129,8 +145,13 @@ class AlertSink:
         self.printed = 0
         self._lock = threading.Lock()
         self._sent_at: dict[str, float] = {}  # key -> clock() of the last accepted send
+        # fire_first key -> clock() when its firing alert was first accepted (this process)
+        self._fired_at: dict[str, float] = {}
         path = Path(state_dir) / JOURNAL_NAME if (state_dir is not None and client) else None
         self._outbox = Outbox(path, max_entries=max_outbox)
+        for e in self._outbox.entries():
+            if e.fire_first and e.delivered:  # accepted before the restart: hold from now
+                self._fired_at[e.key] = clock()
         if len(self._outbox):
             log.info("alert outbox: %d alert(s) from before the restart to (re)deliver",
                      len(self._outbox))
@@ -146,6 +167,7 @@ class AlertSink:
             links=AlertLinks(cfg.grafana_url, cfg.runbook_base_url),
             static_labels=parse_static_labels(cfg.alert_labels),
             resend_interval_s=cfg.resend_interval_s,
+            resolve_hold_s=cfg.resolve_hold_s,
             state_dir=state_dir if state_dir is not None else (getattr(cfg, "state_dir", "") or None),
             **kwargs,
         )
@@ -167,14 +189,20 @@ class AlertSink:
                 # Labels are the alert's identity in Alertmanager: a changed severity is a
                 # new alert there, so the old one is resolved rather than left to expire.
                 self._supersede(old)
+            same = old is not None and old.alert["labels"] == alert["labels"]
+            delivered = same and old.delivered
             if event.state == "resolved":
                 ends_ns = event.end_ns if event.end_ns is not None else event.detected_ns
                 # Alertmanager treats endsAt <= now as resolved; a replayed anomaly that
                 # "ended" in the future of wall time must still read as resolved.
                 ends_ns = min(ends_ns, self.now_ns())
-                stored = self._outbox.put(key, alert, "resolved", ends_ns)
+                # Never accepted firing (it fired and resolved during an outage):
+                # Alertmanager would drop the bare resolution, so fire it first.
+                fire_first = same and (old.fire_first or not old.delivered)
+                stored = self._outbox.put(key, alert, "resolved", ends_ns,
+                                          fire_first=fire_first, delivered=delivered)
             else:
-                stored = self._outbox.put(key, alert, "firing")
+                stored = self._outbox.put(key, alert, "firing", delivered=delivered)
             self._sent_at.pop(key, None)  # changed: deliver now, not at the next re-send
             if not stored:
                 return
@@ -225,9 +253,25 @@ class AlertSink:
         ).hexdigest()[:12]
         self._outbox.put(f"{old.key}~{digest}", old.alert, "resolved", self.now_ns())
 
+    def _resolving(self, e: Entry) -> bool:
+        """Whether the entry goes out as resolved now (else as firing)."""
+        if e.state != "resolved":
+            return False
+        if not e.fire_first:
+            return True
+        fired = self._fired_at.get(e.key)
+        return fired is not None and self.clock() - fired >= self.resolve_hold_s
+
+    def _due(self, e: Entry, now: float) -> bool:
+        sent = self._sent_at.get(e.key)
+        if sent is None or now - sent >= self.resend_interval_s:
+            return True
+        # a held resolution whose firing alert has been out long enough
+        return e.fire_first and self._resolving(e)
+
     def _payload(self, e: Entry) -> dict[str, Any]:
         alert = dict(e.alert)
-        if e.state == "resolved":
+        if self._resolving(e):
             alert["endsAt"] = iso(e.ends_at_ns or self.now_ns())
         else:
             horizon_ns = int(ENDS_AT_RESENDS * self.resend_interval_s * 1e9)
@@ -237,11 +281,7 @@ class AlertSink:
     def _deliver(self) -> None:
         assert self.client is not None
         now = self.clock()
-        due = [
-            e
-            for e in self._outbox.entries()
-            if e.key not in self._sent_at or now - self._sent_at[e.key] >= self.resend_interval_s
-        ]
+        due = [e for e in self._outbox.entries() if self._due(e, now)]
         for i in range(0, len(due), self.batch_size):
             batch = due[i : i + self.batch_size]
             try:
@@ -274,8 +314,12 @@ class AlertSink:
         sent_at = self.clock()
         self.sent += len(batch)
         for e in batch:
-            if e.state == "resolved":
+            if self._resolving(e):
                 self._outbox.remove(e.key)
                 self._sent_at.pop(e.key, None)
+                self._fired_at.pop(e.key, None)
             else:
                 self._sent_at[e.key] = sent_at
+                if e.fire_first:
+                    self._fired_at.setdefault(e.key, sent_at)
+                self._outbox.mark_delivered(e.key)

@@ -177,6 +177,10 @@ class AlertingConfig:
     alertmanager_bearer_token: str = _secret()
     alertmanager_bearer_token_file: str = ""
     resend_interval_s: float = 60.0
+    # An anomaly that fired and resolved while Alertmanager was unreachable: its firing
+    # alert is sent once Alertmanager is back, its resolution this long after (at least
+    # Alertmanager's group_wait + group_interval, so the firing one was notified first).
+    resolve_hold_s: float = 330.0
     # Links in alerts, as on-call opens them: Grafana's external URL (dashboards) and where
     # the runbooks (docs/runbooks/<AlertName>.md) are served. Empty: no such link.
     grafana_url: str = ""

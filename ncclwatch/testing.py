@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -238,3 +240,74 @@ def wait_prometheus(
 def reload(url: str) -> None:
     """POST ``/-/reload`` to Prometheus or Alertmanager (after changing config/rules)."""
     urllib.request.urlopen(urllib.request.Request(f"{url}/-/reload", method="POST"), timeout=30)
+
+
+class TcpGate:
+    """A TCP proxy in front of a service, closed or open: an outage without touching the
+    shared service. Closed, its port refuses connections (as a stopped service's does);
+    open, it relays every connection to ``target`` (``host:port``). Closing it also cuts
+    the connections it relays.
+
+    Kafka clients reach the gate only to bootstrap (the broker then hands out its own
+    address), so for Kafka it models a broker that is down, then comes back.
+
+    >>> gate = TcpGate("127.0.0.1:9")
+    >>> gate.address.startswith("127.0.0.1:"), gate.is_open
+    (True, False)
+    """
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self._server: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        return self._server is not None
+
+    def open(self) -> None:
+        if self._server is None:
+            self._server = socket.create_server(("127.0.0.1", self.port))
+            threading.Thread(target=self._accept, args=(self._server,), daemon=True).start()
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)

@@ -8,6 +8,7 @@ errors with the script's output and the service's log tail.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,19 @@ def kafka_topic(kafka_bootstrap: str) -> str:
     name = testing.unique_name("t")
     testing.kafka_create_topic(kafka_bootstrap, name, 1)
     return name
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs to fill: a full disk for real (needs root or CAP_SYS_ADMIN, as CI has)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs for a full-disk test: {done.stderr.strip()}", pytrace=False)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+

@@ -305,8 +305,20 @@ def test_alerts_raised_while_alertmanager_is_down_are_delivered_when_it_returns(
     clock.t += 10
     sink.tick()
     assert sink.pending() == 0
+    # an-1 fired and resolved during the outage: Alertmanager would drop a resolution of
+    # an alert it never had firing, so it gets an-1 firing first, ...
     got = {(a["labels"]["anomaly_id"], a["endsAt"] <= alerts.iso(T0_NS + 10**9)) for a in am.alerts}
-    assert got == {("an-1", True), ("an-2", False)}  # an-1 resolved, an-2 firing
+    assert got == {("an-1", False), ("an-2", False)}
+    # ... and its resolution once Alertmanager had time to notify the firing one
+    clock.t += sink.resolve_hold_s - 10
+    am.posts.clear()
+    sink.tick()  # (re-sends of what is firing)
+    assert all(a["endsAt"] > alerts.iso(T0_NS + 10**9) for a in am.alerts)
+    am.posts.clear()
+    clock.t += 10
+    sink.tick()
+    got = {(a["labels"]["anomaly_id"], a["endsAt"] <= alerts.iso(T0_NS + 10**9)) for a in am.alerts}
+    assert got == {("an-1", True)} and sink.active() == 1 and len(sink._outbox) == 1
 
 
 def test_pending_resolution_survives_a_restart(am, tmp_path):
@@ -595,3 +607,44 @@ def test_rules_fire_on_synthetic_series_with_and_without_honor_labels(tmp_path):
     r = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_outbox_journal_is_private_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0)
+    try:
+        ob = Outbox(tmp_path / "alerts" / JOURNAL_NAME)
+        ob.put("a", {"labels": {"job": "j"}}, "firing")
+        ob.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "alerts").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "alerts" / JOURNAL_NAME).stat().st_mode) == 0o600
+
+
+def test_outbox_on_a_full_disk_keeps_alerts_in_memory_and_rewrites_the_journal_after(
+    small_fs, caplog
+):
+    import os
+
+    clock = Clock()
+    sink = make_sink(refused_url(), clock, state_dir=small_fs / "alerts")
+    st = os.statvfs(small_fs)
+    filler = small_fs / "filler"
+    with open(filler, "wb") as f:  # the disk is full
+        f.write(b"\0" * (st.f_bavail * st.f_frsize))
+    ev = event()
+    sink.handle(ev)  # raised OSError before
+    sink.handle(event(id="an-2"))
+    sink.handle(resolved(ev, T0_NS + 10**9))
+    assert len(sink._outbox) == 2 and sink.pending() == 2
+    assert len([r for r in caplog.records if "cannot be written" in r.getMessage()]) == 1
+    filler.unlink()  # space is back: the next change rewrites everything
+    sink.handle(event(id="an-3"))
+    sink.close()
+    again = Outbox(small_fs / "alerts" / JOURNAL_NAME)
+    assert {e.key: (e.state, e.fire_first) for e in again.entries()} == {
+        "an-1": ("resolved", True), "an-2": ("firing", False), "an-3": ("firing", False)}
+    assert [p.name for p in (small_fs / "alerts").iterdir()] == [JOURNAL_NAME]  # no temp file

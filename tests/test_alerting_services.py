@@ -279,6 +279,45 @@ def test_an_invalid_outbox_entry_is_rejected_by_alertmanager_and_does_not_block_
                                              "endsAt": "2020-01-01T00:00:00Z"}])
 
 
+def test_an_anomaly_that_fired_and_resolved_during_an_outage_is_notified_firing_then_resolved(
+    am, webhook
+):
+    """Alertmanager unreachable for 20 s (a closed gate in front of it), the anomaly fires
+    and resolves in the middle: once it is back, on-call gets one firing notification and
+    then one resolved, and the first POST comes within seconds of the recovery."""
+    job = testing.unique_name("job")
+    gate = testing.TcpGate(am.split("//", 1)[1])
+    client = AlertmanagerClient(f"http://{gate.address}", timeout_s=2)  # the default backoff
+    sink = AlertSink(client=client, resend_interval_s=5, resolve_hold_s=4)
+    ev = anomaly(job)
+    t0 = time.monotonic()
+    sink.handle(ev)
+    while time.monotonic() - t0 < 20:
+        if time.monotonic() - t0 > 8 and sink.active():
+            sink.handle(resolved(ev))
+        sink.tick()
+        time.sleep(0.1)
+    assert client.failures >= 4 and sink.pending() == 1
+    gate.open()
+    back = time.monotonic()
+    first_post = None
+    try:
+        while time.monotonic() - back < 30:
+            sink.tick()
+            if first_post is None and sink.sent:
+                first_post = time.monotonic() - back
+            if sink.stats()["outbox"] == 0 and any(a["status"] == "resolved" for _, a in webhook.alerts(job)):
+                break
+            time.sleep(0.1)
+        time.sleep(3)  # a few group intervals more: nothing else may come
+    finally:
+        gate.close()
+    assert first_post is not None and first_post <= 6.0, first_post
+    got = [(a["labels"]["alertname"], a["status"]) for _, a in webhook.alerts(job)]
+    assert got == [("NcclNetworkPathDegraded", "firing"), ("NcclNetworkPathDegraded", "resolved")]
+    assert sink.pending() == 0 and sink.active() == 0
+
+
 def test_alert_test_command_sends_a_labelled_alert_and_resolves_it(am, webhook, capsys):
     job = testing.unique_name("job")
     rc = cli.main(["alert-test", "--url", am, "--severity", "critical", "--duration", "2",

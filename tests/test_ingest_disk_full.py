@@ -2,7 +2,7 @@
 
 The unit tests write through ``/dev/full`` (every write fails with ``ENOSPC``). The
 forwarding test puts the state directory on an 8 MiB tmpfs, mostly filled, while Kafka
-is unreachable (a TCP gate in front of the real broker that is closed, then opened):
+is unreachable (``testing.TcpGate`` in front of the real broker, closed, then opened):
 the spill buffer fills the disk, the checkpoint cannot be written, and the forwarder
 must neither crash nor lose or strand a record, neither while the disk is full nor
 once space returns and Kafka answers.
@@ -15,9 +15,7 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import stat
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.synth import write_spool
 from test_ingest_forward_kafka import consume, make_cfg, records_of
 
+from ncclwatch import testing
 from ncclwatch.records import OpRecord, parse_line
 
 
@@ -112,61 +111,6 @@ def test_forwarder_with_a_full_buffer_disk_holds_batches_in_memory_and_pauses(tm
 # --- a full file system during forwarding, with the real broker ------------------------------
 
 
-class Gate:
-    """A TCP proxy to the broker on a fixed port: closed (connections refused) until opened."""
-
-    def __init__(self, target: str):
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.address = f"127.0.0.1:{self.port}"
-        self.server: socket.socket | None = None
-
-    def open(self) -> None:
-        self.server = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while self.server is not None:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """An 8 MiB tmpfs (root, or CAP_SYS_ADMIN, as CI runs)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, f"cannot mount a tmpfs for the full-disk test: {done.stderr}"
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def _wait(cond, timeout_s: float, what: str, thread: threading.Thread) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -178,13 +122,13 @@ def _wait(cond, timeout_s: float, what: str, thread: threading.Thread) -> None:
 @pytest.mark.kafka
 def test_a_full_disk_during_forwarding_loses_nothing_once_space_and_kafka_return(
         kafka_bootstrap, tmp_path, small_fs, caplog):
-    gate = Gate(kafka_bootstrap)
+    gate = testing.TcpGate(kafka_bootstrap)  # closed: Kafka is down
     cfg = make_cfg(gate.address)
     spool = tmp_path / "spool"
     paths = write_spool(str(spool), streams=2, ops_per_stream=12000, segment_ops=4000)
     expected = {parse_line(x).id for p in paths for x in Path(p).read_bytes().split(b"\n") if x}
     filler = small_fs / "filler"
-    filler.write_bytes(b"\0" * (6 << 20))  # 2 MiB left of 8; the spool is ~13 MB
+    filler.write_bytes(b"\0" * (6 << 20))  # 2 MiB left of 8 (small_fs); the spool is ~13 MB
     state = small_fs / "state"
     opts = Options(spool_dir=str(spool), state_dir=str(state), node_id="n1", batch_size=500,
                    stall_s=3.0, compression="gzip")
