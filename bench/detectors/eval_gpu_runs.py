@@ -1,0 +1,202 @@
+"""Score the detectors on the recorded GPU runs: expected, got, delay, false alerts, severity.
+
+For every run of ``tests/fixtures/gpu_runs/2026-11-23`` (or the directories given):
+
+* **truth** comes from the run itself: ``labels.json`` (what was injected, when) and the
+  job's own step timings (``ctl/steps.jsonl``), which give the *measured* throughput
+  loss of each fault: the median TFLOP/s per GPU over the fault (its first 2 s left out)
+  against the median before it;
+* a fault costing at least ``--gate`` (5 %) must be detected, with the right attribution
+  (``network_path`` for a network fault; ``straggler`` naming a process on the slow GPU
+  for a straggler), within ``--max-delay-s`` of its start; its severity must be
+  ``critical`` (the rule: critical exactly when the measured loss is >= 5 %);
+* a fault below the gate, and a clean run, must raise nothing;
+* every firing incident that is not the one expected answer is a false alert (a second
+  incident for the same fault counts too).
+
+Plugin runs are read as a plugin user has them (the spool, throughput through
+``report_throughput``), Inspector runs as an Inspector-only user has them (the Inspector
+JSON logs plus the per-rank Megatron-format training logs), through
+``ncclwatch.ingest.recording`` and the local-mode detector loop (``watch --speed 0``).
+
+    .venv/bin/python bench/detectors/eval_gpu_runs.py --split heldout --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ncclwatch import config
+from ncclwatch.detectors import watch
+from ncclwatch.ingest.recording import Options, ReadStats, read_recording
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
+GATE = 0.05
+SETTLE_NS = 2 * 10**9
+
+
+def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
+    """The job's throughput loss over [start, end], from its own step timings."""
+    steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
+    before = [s["tflops_per_gpu"] for s in steps if s["ts_ns"] < start_ns]
+    during = [s["tflops_per_gpu"] for s in steps if start_ns + SETTLE_NS <= s["ts_ns"] <= end_ns]
+    if not before or not during:
+        return 0.0
+    return 1.0 - statistics.median(during) / statistics.median(before)
+
+
+def sources(run: Path) -> tuple[list[Path], Options]:
+    """What a user of the run's profiler has: Inspector logs + training logs, or the spool."""
+    profiler = json.loads((run / "run.json").read_text()).get("profiler", "ncclwatch")
+    job = json.loads((run / "labels.json").read_text())["job"]
+    if profiler == "inspector":
+        logs = sorted(str(p) for p in (run / "trainlogs").glob("rank-*.log"))
+        return [run / "inspector"], Options(job=job, training_logs=logs)
+    return [run / "spool"], Options(job=job)
+
+
+def incidents(events: list[Any]) -> dict[str, dict[str, Any]]:
+    """Events grouped by incident id: first firing event, highest severity, end."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in events:
+        inc = out.setdefault(e.id, {"first": e, "severity": e.severity, "end_ns": None,
+                                    "resolved_delta": None})
+        if e.severity == "critical":
+            inc["severity"] = "critical"
+        if e.state == "resolved":
+            inc["end_ns"] = e.end_ns
+            inc["resolved_delta"] = e.throughput_delta
+    return out
+
+
+def names_straggler(ev: Any, fault: dict) -> bool:
+    """The event names a process of the slow GPU (its rank in one of its communicators)."""
+    comm_ranks = fault.get("comm_ranks", {})
+    ev_comm = (ev.evidence or {}).get("comm")
+    if ev_comm in comm_ranks and ev.rank == comm_ranks[ev_comm]:
+        return True
+    pids = set(fault.get("pids", [fault.get("pid")]))
+    named = (ev.evidence or {}).get("pids") or []
+    return bool(pids & set(named))
+
+
+def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
+    labels = json.loads((run / "labels.json").read_text())
+    faults = labels["faults"]
+    incs = incidents(events)
+    row: dict[str, Any] = {"run": run.name, "profiler": json.loads(
+        (run / "run.json").read_text()).get("profiler", "ncclwatch")}
+    if not faults:
+        row.update(fault="clean", drop=None, expected="nothing")
+    else:
+        f = faults[0]
+        drop = measured_drop(run, f["start_ns"], f["end_ns"])
+        kind = f["type"]
+        row.update(fault=f.get("injector") or f"straggler x{f.get('compute_factor', '?')}",
+                   drop=round(drop, 4),
+                   expected=kind if drop >= GATE else "nothing (below gate)")
+    matched = None
+    false_alerts = []
+    for iid, inc in sorted(incs.items(), key=lambda kv: kv[1]["first"].detected_ns):
+        ev = inc["first"]
+        if faults and row["expected"] == faults[0]["type"] and matched is None:
+            f = faults[0]
+            in_time = f["start_ns"] - 5e9 <= ev.detected_ns <= f["end_ns"] + 5e9
+            right = ev.type == f["type"] and (f["type"] != "straggler" or names_straggler(ev, f))
+            if in_time and right:
+                matched = (iid, inc)
+                continue
+        false_alerts.append(f"{ev.type}@{(ev.detected_ns - (faults[0]['start_ns'] if faults else 0)) / 1e9:+.1f}s"
+                            if faults else ev.type)
+    row["false_alerts"] = false_alerts
+    if matched:
+        ev = matched[1]["first"]
+        delay = (ev.detected_ns - faults[0]["start_ns"]) / 1e9
+        row.update(got=ev.type + (f" rank {ev.rank}" if ev.type == "straggler" else ""),
+                   delay_s=round(delay, 1), severity=matched[1]["severity"],
+                   throughput_delta=ev.throughput_delta,
+                   resolved_delta=matched[1]["resolved_delta"])
+        sev_ok = matched[1]["severity"] == ("critical" if row["drop"] >= GATE else "warning")
+        row["ok"] = delay <= max_delay_s and not false_alerts and sev_ok
+    else:
+        row.update(got="-", delay_s=None, severity=None)
+        row["ok"] = not false_alerts and row["expected"].startswith("nothing")
+    return row
+
+
+def run_dirs(paths: list[str], split: str) -> list[Path]:
+    roots = [Path(p) for p in paths] or [FIXTURES]
+    wanted: set[str] | None = None
+    if split != "all":
+        wanted = set(json.loads((FIXTURES / "split.json").read_text())[split])
+    out = []
+    for root in roots:
+        for p in sorted(root.iterdir()) if root.is_dir() and not (root / "labels.json").exists() else [root]:
+            name = p.name.removesuffix(".tar.gz")
+            if (p.is_dir() and (p / "labels.json").exists()) or p.name.endswith(".tar.gz"):
+                if wanted is None or name in wanted:
+                    out.append(p)
+    return out
+
+
+def unpacked(p: Path, tmp: Path) -> Path:
+    if p.is_dir():
+        return p
+    with tarfile.open(p) as tar:
+        tar.extractall(tmp, filter="data")
+    return tmp / p.name.removesuffix(".tar.gz")
+
+
+def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
+             detect: Callable[[Any, list], list] | None = None) -> list[dict[str, Any]]:
+    detect = detect or (lambda c, recs: watch.detect(c, recs))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in paths:
+            run = unpacked(p, Path(tmp))
+            srcs, options = sources(run)
+            records = read_recording(srcs, ReadStats(), options)
+            rows.append(judge(run, detect(cfg, records), max_delay_s))
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = "| run | profiler | fault | loss | expected | got | delay s | severity | false alerts | ok |"
+    lines = [head, "|" + " --- |" * 10]
+    for r in rows:
+        loss = "-" if r["drop"] is None else f"{r['drop'] * 100:.1f} %"
+        lines.append(f"| {r['run']} | {r['profiler']} | {r['fault']} | {loss} | {r['expected']} | "
+                     f"{r['got']} | {r['delay_s'] if r['delay_s'] is not None else '-'} | "
+                     f"{r['severity'] or '-'} | {', '.join(r['false_alerts']) or '-'} | "
+                     f"{'yes' if r['ok'] else '**no**'} |")
+    ok = sum(r["ok"] for r in rows)
+    lines.append(f"\n{ok}/{len(rows)} runs right.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("paths", nargs="*", help="run directories or .tar.gz (default: the fixtures)")
+    ap.add_argument("--split", choices=("all", "tune", "heldout"), default="all")
+    ap.add_argument("--max-delay-s", type=float, default=5.0)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    cfg = config.load(None)
+    rows = evaluate(run_dirs(args.paths, args.split), cfg, args.max_delay_s)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    print(markdown(rows) if args.markdown else json.dumps(rows, indent=1, default=str))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
