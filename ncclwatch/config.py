@@ -95,6 +95,10 @@ class TopicsConfig:
     dead_letter: str = "ncclwatch.deadletter"
     partitions: int = 4
     replication_factor: int = 1
+    # retention.ms of the topics ncclwatch creates. Kafka measures it on the records'
+    # timestamps, which are their own times (op and window times, detection times): keep
+    # -1 (never delete) for topics of recorded data (replays, benchmarks, tests), or the
+    # broker deletes them within minutes of creation (docs/ingest.md, "Retention").
     retention_ms: int = 7 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:

@@ -159,6 +159,14 @@ def log_tail(name: str, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+# Topics of recorded data (tests, benchmarks, replay targets) hold records stamped with the
+# recording's own times, often older than the broker's default retention (7 days): the
+# broker would delete them within minutes, mid-run. Such topics never expire.
+RECORDED_TOPIC_CONFIG = {"retention.ms": "-1"}
+# The same for topics ncclwatch itself creates (forwarder, worker) under a test config.
+RECORDED_TOPICS_ENV = {"NCCLWATCH_TOPICS_RETENTION_MS": "-1"}
+
+
 def unique_name(prefix: str) -> str:
     """``prefix-<10 hex chars>``: a fresh topic/group/alert name per test."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
@@ -172,7 +180,10 @@ def kafka_create_topic(
     config: dict[str, str] | None = None,
     timeout: float = 30.0,
 ) -> None:
-    """Create a topic (replication factor 1) and wait until every partition has a leader."""
+    """Create a topic (replication factor 1) and wait until every partition has a leader.
+
+    Its records never expire (``RECORDED_TOPIC_CONFIG``) unless ``config`` says otherwise.
+    """
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -180,7 +191,7 @@ def kafka_create_topic(
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
             admin.create_topics(
-                [NewTopic(name, partitions, 1, topic_configs=config or {})],
+                [NewTopic(name, partitions, 1, topic_configs={**RECORDED_TOPIC_CONFIG, **(config or {})})],
                 timeout_ms=int(timeout * 1000),
             )
         deadline = time.monotonic() + timeout

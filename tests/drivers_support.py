@@ -140,6 +140,7 @@ def topics_env(kafka_bootstrap: str, partitions: int = 2) -> dict[str, str]:
         "NCCLWATCH_TOPICS_PARTITIONS": str(partitions),
         "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
         "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
+        **testing.RECORDED_TOPICS_ENV,
     }
 
 

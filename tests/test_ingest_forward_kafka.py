@@ -27,7 +27,8 @@ TOPIC_KEYS = ("ops", "windows", "throughput", "quarantine", "anomalies")
 
 
 def make_cfg(bootstrap: str, **ingest) -> config.Config:
-    env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "3"}
+    env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "3",
+           **testing.RECORDED_TOPICS_ENV}
     prefix = testing.unique_name("ingest")
     for k in TOPIC_KEYS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
@@ -208,6 +209,7 @@ def _env(cfg) -> dict:
     env = dict(os.environ)
     env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"] = cfg.kafka.bootstrap_servers
     env["NCCLWATCH_TOPICS_PARTITIONS"] = str(cfg.topics.partitions)
+    env["NCCLWATCH_TOPICS_RETENTION_MS"] = str(cfg.topics.retention_ms)
     for k in TOPIC_KEYS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = getattr(cfg.topics, k)
     return env

@@ -49,7 +49,8 @@ def cpu_s() -> float:
 def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, batch: int,
             profile: bool = False) -> tuple[float, float, int]:
     prefix = testing.unique_name("bench")
-    env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4"}
+    env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4",
+           **testing.RECORDED_TOPICS_ENV}  # recorded times: no retention may delete them
     for k in ("ops", "windows", "throughput", "quarantine", "anomalies"):
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
     cfg = config.load(None, environ=env)

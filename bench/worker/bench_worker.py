@@ -60,6 +60,7 @@ def env_for(bootstrap: str, prefix: str, partitions: int) -> dict[str, str]:
         "NCCLWATCH_TOPICS_PARTITIONS": str(partitions),
         "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
         "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
+        **testing.RECORDED_TOPICS_ENV,  # recorded times: no retention may delete them
     }
     for k in ("ops", "windows", "throughput", "anomalies", "dead_letter", "quarantine"):
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
