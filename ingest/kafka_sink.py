@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from ncclwatch import redact
 from ncclwatch.config import KafkaConfig, TopicsConfig
 
 log = logging.getLogger(__name__)
@@ -39,38 +40,23 @@ def describe(kafka: KafkaConfig) -> str:
 
 
 class RedactFilter(logging.Filter):
-    """Remove the broker addresses (and any secret values) from kafka-python's own logs."""
+    """Remove the broker addresses and secret values of ``kafka`` from a record
+    (:mod:`ncclwatch.redact` holds the rule; this filter is for handlers set up by hand)."""
 
     def __init__(self, kafka: KafkaConfig):
         super().__init__()
-        needles = set()
-        for entry in kafka.bootstrap_servers.split(","):
-            entry = entry.strip()
-            if entry:
-                needles.add(entry)
-                needles.add(entry.rsplit(":", 1)[0])
-        needles.update(v for v in (kafka.sasl_plain_password, kafka.ssl_password,
-                                   kafka.sasl_plain_username) if v)
-        # Longest first, so "host:port" goes before "host".
-        self.needles = sorted((n for n in needles if n), key=len, reverse=True)
+        self._redactor = redact.Redactor(redact.kafka_needles(kafka))
+        self.needles = self._redactor.needles
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        redacted = msg
-        for n in self.needles:
-            redacted = redacted.replace(n, "<redacted>")
-        if redacted != msg:
-            record.msg, record.args = redacted, None
+        self._redactor.scrub(record)
         return True
 
 
-def install_redaction(kafka: KafkaConfig) -> RedactFilter:
-    """Filter every root handler: kafka-python logs from many loggers, and a logger's own
-    filters do not see records propagated from its children."""
-    f = RedactFilter(kafka)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(f)
-    return f
+def install_redaction(kafka: KafkaConfig) -> redact.Redactor:
+    """Redact the Kafka secrets and addresses from every log record from now on (the CLI
+    already did for the whole configuration; this is for drivers started from code)."""
+    return redact.install(redact.kafka_needles(kafka))
 
 
 def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,

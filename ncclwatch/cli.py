@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ncclwatch import __version__, config
+from ncclwatch import __version__, config, redact
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         print(f"ncclwatch: configuration error: {e}", file=sys.stderr)
         return 2
+    # Before any client is built: no log record, of any library at any level, may carry
+    # a password, a token or a broker address (ncclwatch/redact.py).
+    redact.install_for(cfg)
     try:
         rc = int(module.run(args, cfg) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
