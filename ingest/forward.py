@@ -86,6 +86,7 @@ class Options:
     # lines left (-1: half a window, so windows of a node reach Kafka in start order).
     align_s: float = -1.0
     shutdown_timeout_s: float = 15.0
+    auth_attempts: int = 5  # Kafka refusing the credentials this often in a row: exit 1
     throughput_regex: str = ""
     quarantine_file: str = ""
 
@@ -223,6 +224,8 @@ class Forwarder:
         self.drain: Batch | None = None
         self.backoff_s = 0.5
         self.next_attempt = 0.0
+        self.auth_refusals = 0
+        self.fatal = ""
         self.buffer_full_logged = False
         self.full_at_bytes = 1 << 62  # buffer bytes when a batch was last refused for room
         self.stopping = False
@@ -249,19 +252,35 @@ class Forwarder:
         if self.producer is not None:
             return True
         t = self.topics
-        try:
-            kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.windows, t.throughput,
-                                                         t.anomalies, t.quarantine])
-            self.producer = kafka_sink.make_producer(
-                self.cfg.kafka, compression=self.opts.compression,
-                batch_size_bytes=1 << 20, linger_ms=self.opts.linger_ms)
-        except Exception as e:  # broker down, auth failure: keep the data, retry later
-            log.warning("event=kafka_connect_failed %s error=%s retry_in_s=%.1f",
-                        kafka_sink.describe(self.cfg.kafka), type(e).__name__, self.backoff_s)
-            return False
+        with kafka_sink.watching_auth() as auth:
+            try:
+                kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.windows, t.throughput,
+                                                             t.anomalies, t.quarantine])
+                self.producer = kafka_sink.make_producer(
+                    self.cfg.kafka, compression=self.opts.compression,
+                    batch_size_bytes=1 << 20, linger_ms=self.opts.linger_ms)
+            except Exception as e:  # broker down, auth failure: keep the data, retry later
+                error = auth.seen or type(e).__name__
+                log.warning("event=kafka_connect_failed %s error=%s retry_in_s=%.1f",
+                            kafka_sink.describe(self.cfg.kafka), error, self.backoff_s)
+                self._auth_refused(auth.seen)
+                return False
+        self.auth_refusals = 0
         log.info("event=kafka_connected %s compression=%s", kafka_sink.describe(self.cfg.kafka),
                  self.opts.compression)
         return True
+
+    def _auth_refused(self, error: str) -> None:
+        """Wrong credentials do not fix themselves: after ``auth_attempts`` refusals in a
+        row the forwarder stops (exit 1) with a clear message; the spool keeps the data."""
+        if not error:
+            self.auth_refusals = 0
+            return
+        self.auth_refusals += 1
+        if self.auth_refusals >= self.opts.auth_attempts:
+            self.fatal = kafka_sink.auth_failure_message(self.cfg.kafka, error, self.auth_refusals)
+            log.error("event=kafka_auth_failed action=exit %s", self.fatal)
+            self.stopping = True
 
     # -- reading -------------------------------------------------------------------------
 
@@ -988,6 +1007,9 @@ class Forwarder:
                      dict(self.inspector_skipped), self.tp_merge.late)
         if sys.stderr.isatty():
             sys.stderr.write("\n")
+        if self.fatal:
+            print(f"ncclwatch forward: {self.fatal}", file=sys.stderr)
+            return 1
         return 0
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ncclwatch import redact
@@ -57,6 +58,69 @@ def install_redaction(kafka: KafkaConfig) -> redact.Redactor:
     """Redact the Kafka secrets and addresses from every log record from now on (the CLI
     already did for the whole configuration; this is for drivers started from code)."""
     return redact.install(redact.kafka_needles(kafka))
+
+
+# kafka-python 3.0 retries a refused SASL handshake until its bootstrap times out and
+# then raises only KafkaTimeoutError, as for a broker that is down; the refusals show
+# only in its log records, by the names of these error classes.
+AUTH_ERRORS = ("SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError")
+
+
+class AuthFailures(logging.Handler):
+    """Notices the authentication failures kafka-python logs and swallows."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        for name in AUTH_ERRORS:
+            if name in msg:
+                self.seen = name
+
+
+@contextlib.contextmanager
+def watching_auth() -> Iterator[AuthFailures]:
+    """``with watching_auth() as w: <build clients>``; afterwards ``w.seen`` names the
+    authentication error kafka-python hit, or is empty."""
+    h = AuthFailures()
+    logger = logging.getLogger("kafka")
+    logger.addHandler(h)
+    try:
+        yield h
+    finally:
+        logger.removeHandler(h)
+
+
+def auth_failure_message(kafka: KafkaConfig, error: str, attempts: int) -> str:
+    return (f"Kafka refused the credentials {attempts} time(s) ({error}; security_protocol="
+            f"{kafka.security_protocol} sasl_mechanism={kafka.sasl_mechanism or '-'}): check "
+            "kafka.sasl_plain_username / sasl_plain_password (or the SSL settings)")
+
+
+def check_credentials(kafka: KafkaConfig, *, attempts: int = 3, bootstrap_timeout_s: float = 5.0,
+                      pause_s: float = 1.0) -> str:
+    """Empty when Kafka accepts the credentials or cannot be reached (that is retried
+    elsewhere), else why it refused them ``attempts`` times in a row."""
+    from kafka.admin import KafkaAdminClient
+
+    error = ""
+    for i in range(attempts):
+        with watching_auth() as w:
+            try:
+                admin = KafkaAdminClient(**kafka.client_kwargs(),
+                                         bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000))
+                admin.close()
+                return ""
+            except Exception:  # unreachable, or refused: only a refusal counts here
+                if not w.seen:
+                    return ""
+                error = w.seen
+        log.warning("event=kafka_auth_failed attempt=%d/%d error=%s", i + 1, attempts, error)
+        if i + 1 < attempts:
+            time.sleep(pause_s)
+    return auth_failure_message(kafka, error, attempts)
 
 
 def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,

@@ -28,6 +28,9 @@ class Command:
     module: str
     help: str
     description: str
+    # Needs Kafka from its start: credentials Kafka refuses end it with a clear message
+    # (exit 1) instead of a client retrying forever.
+    checks_kafka_credentials: bool = False
 
 
 COMMANDS = (
@@ -54,6 +57,7 @@ COMMANDS = (
         "cluster mode: Faust stream processor over the Kafka topics",
         "A Faust worker that consumes window summaries and throughput from Kafka, keeps "
         "baselines in changelog-backed tables, publishes anomaly events and serves metrics.",
+        checks_kafka_credentials=True,
     ),
     Command(
         "fit",
@@ -240,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     # Before any client is built: no log record, of any library at any level, may carry
     # a password, a token or a broker address (ncclwatch/redact.py).
     redact.install_for(cfg)
+    cmd = next(c for c in COMMANDS if c.name == args.command)
+    if cmd.checks_kafka_credentials and cfg.kafka.security_protocol != "PLAINTEXT":
+        from ncclwatch.ingest.kafka_sink import check_credentials
+
+        refused = check_credentials(cfg.kafka)
+        if refused:
+            print(f"ncclwatch {args.command}: {refused}", file=sys.stderr)
+            return 1
     try:
         rc = int(module.run(args, cfg) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
