@@ -273,9 +273,11 @@ class Forwarder:
     def _auth_refused(self, error: str) -> None:
         """Wrong credentials do not fix themselves: after ``auth_attempts`` refusals in a
         row the forwarder stops (exit 1) with a clear message; the spool keeps the data."""
-        if not error:
-            self.auth_refusals = 0
-            return
+        if not error and not self.auth_refusals:
+            return  # unreachable, not refused
+        # after a first refusal the broker drops the same client's next handshakes
+        # without saying why again: those count too (a success resets the count)
+        error = error or "SaslAuthenticationFailedError"
         self.auth_refusals += 1
         if self.auth_refusals >= self.opts.auth_attempts:
             self.fatal = kafka_sink.auth_failure_message(self.cfg.kafka, error, self.auth_refusals)

@@ -102,7 +102,12 @@ def auth_failure_message(kafka: KafkaConfig, error: str, attempts: int) -> str:
 def check_credentials(kafka: KafkaConfig, *, attempts: int = 3, bootstrap_timeout_s: float = 5.0,
                       pause_s: float = 1.0) -> str:
     """Empty when Kafka accepts the credentials or cannot be reached (that is retried
-    elsewhere), else why it refused them ``attempts`` times in a row."""
+    elsewhere), else why it refused them ``attempts`` times in a row.
+
+    After a first refusal, a broker slows down and drops the next handshakes of the same
+    client (``connection.failed.authentication.delay.ms``) without saying why again: a
+    failure then counts as a refusal too.
+    """
     from kafka.admin import KafkaAdminClient
 
     error = ""
@@ -114,9 +119,9 @@ def check_credentials(kafka: KafkaConfig, *, attempts: int = 3, bootstrap_timeou
                 admin.close()
                 return ""
             except Exception:  # unreachable, or refused: only a refusal counts here
-                if not w.seen:
+                if not (w.seen or error):
                     return ""
-                error = w.seen
+                error = w.seen or error
         log.warning("event=kafka_auth_failed attempt=%d/%d error=%s", i + 1, attempts, error)
         if i + 1 < attempts:
             time.sleep(pause_s)

@@ -322,3 +322,127 @@ class TcpGate:
                 dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+
+
+class PrivateKafka:
+    """A single-node KRaft broker of one's own, from the jars ``scripts/setup.sh`` fetched:
+    for faults the shared broker must not suffer (stopped, paused, killed) and for a
+    SASL_PLAINTEXT listener it does not have. Its port stays the same across restarts.
+
+    ``sasl_users`` (user -> password) turns on SASL/PLAIN; the broker's own user is
+    ``admin``/``admin-pw``. Ends with :meth:`stop` (or as a context manager).
+    """
+
+    def __init__(self, workdir: Path, *, sasl_users: dict[str, str] | None = None, heap: str = "-Xmx384m"):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sasl_users = dict(sasl_users or {})
+        libs = Path(os.environ.get("NCCLWATCH_CACHE_DIR", repo_root() / ".cache")) / "kafka" / "libs"
+        if not list(libs.glob("kafka_2.13-*.jar")):
+            raise ServicesError(f"Kafka jars missing in {libs}: run scripts/setup.sh")
+        self.java = ["java", heap, "-XX:+UseG1GC", "-cp", f"{libs}/*"]
+        self.port, self.controller_port = _free_port(), _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self._write_config()
+
+    def _write_config(self) -> None:
+        proto = "SASL_PLAINTEXT" if self.sasl_users else "PLAINTEXT"
+        lines = [
+            "process.roles=broker,controller", "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners={proto}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners={proto}://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER", f"inter.broker.listener.name={proto}",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{proto}:{proto}",
+            f"log.dirs={self.dir}/data", "num.partitions=1", "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=4", "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true", "log.retention.ms=-1",
+        ]
+        if self.sasl_users:
+            users = " ".join(f'user_{u}="{p}"' for u, p in {"admin": "admin-pw", **self.sasl_users}.items())
+            lines += [
+                "sasl.enabled.mechanisms=PLAIN", "sasl.mechanism.inter.broker.protocol=PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain."
+                f'PlainLoginModule required username="admin" password="admin-pw" {users};',
+            ]
+        (self.dir / "server.properties").write_text("\n".join(lines) + "\n")
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """kafka-python settings of the broker's own admin user."""
+        kw: dict[str, Any] = {"bootstrap_servers": self.bootstrap}
+        if self.sasl_users:
+            kw.update(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username="admin", sasl_plain_password="admin-pw")
+        return kw
+
+    def start(self, timeout: float = 90.0) -> PrivateKafka:
+        if not (self.dir / "data" / "meta.properties").exists():
+            import base64
+
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            subprocess.run([*self.java, "kafka.tools.StorageTool", "format", "-t", cluster, "-c",
+                            str(self.dir / "server.properties")], check=True, capture_output=True, timeout=120)
+        self._log = open(self.dir / "kafka.log", "a")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen([*self.java, "kafka.Kafka", str(self.dir / "server.properties")],
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        from kafka.admin import KafkaAdminClient
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                KafkaAdminClient(**self.client_kwargs(), bootstrap_timeout_ms=2000).close()
+                return
+            except Exception:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise ServicesError(f"private Kafka exited:\n{self.log_tail()}") from None
+                if time.monotonic() > deadline:
+                    raise ServicesError(f"private Kafka not ready in {timeout}s:\n{self.log_tail()}") from None
+                time.sleep(0.5)
+
+    def log_tail(self, n: int = 3000) -> str:
+        path = self.dir / "kafka.log"
+        return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        """SIGSTOP (a hung broker), SIGCONT, SIGKILL (``kill -9``)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+        if sig == 9:
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        import signal as signals
+
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signals.SIGCONT)
+                os.killpg(self.proc.pid, signals.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signals.SIGKILL)
+                self.proc.wait()
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> PrivateKafka:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
