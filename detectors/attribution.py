@@ -63,7 +63,11 @@ def degraded_now(k: KeyView) -> bool:
     One window over the threshold is what noise does now and then; a key that is one
     window from firing is what a real fault starting at the same time looks like.
     """
-    rule = k.rule
+    return rule_degraded(k.rule)
+
+
+def rule_degraded(rule: SustainedRule) -> bool:
+    """:func:`degraded_now` for any sustained rule (a key's spread rule too)."""
     return rule.firing or rule.streak >= max(1, rule.sustain - 1)
 
 

@@ -41,7 +41,7 @@ class Incident:
         "id", "type", "attribution", "scope", "job", "key", "host", "rank",
         "start_ns", "detected_ns", "end_ns", "severity", "members", "listed", "n_members",
         "eff_sum", "eff_n", "peak", "obs_sum", "base_sum", "ob_n", "trigger",
-        "throughput_delta", "evidence", "drift",
+        "throughput_delta", "evidence", "drift", "confirmed",
     )
 
     def __init__(self, **kw: Any):
@@ -58,6 +58,10 @@ class Incident:
         self.end_ns: int | None = None
         self.throughput_delta: float | None = None
         self.drift = False
+        # A comm incident is open (its keys join it, baselines hold) before it is raised:
+        # it is emitted only once confirmed (:meth:`Pipeline._confirm`); an unconfirmed
+        # one ends silently.
+        self.confirmed = True
         self.key: dict[str, Any] = {
             "comm": None, "comm_name": None, "op": None, "size_bucket": None, "transport": None,
         }

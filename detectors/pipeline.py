@@ -44,8 +44,9 @@ from ncclwatch.records import (
     ThroughputRecord,
     WindowSummary,
 )
+from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import Verdict, attribute, degraded_now
+from .attribution import Verdict, attribute, degraded_now, rule_degraded
 from .baseline import DriftEvidence, RatioBaseline
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .model import BusbwModel
@@ -373,7 +374,7 @@ class Pipeline:
             inc.event("firing", inc.detected_ns)
             for job in self._jobs.values()
             for inc in job.incidents.values()
-            if inc.id is not None
+            if inc.id is not None and inc.confirmed
         ]
 
     def jobs(self) -> list[str]:
@@ -464,8 +465,11 @@ class Pipeline:
         recs = list(group.values())
         n = len(recs)
         mid = n >> 1
-        bw = sorted([r.busbw_gbs_p50 for r in recs])
-        obs = bw[mid] if n & 1 else 0.5 * (bw[mid - 1] + bw[mid])
+        # The link's speed is what the rank that waited least saw: every other rank's
+        # kernel also holds the time it waited for its peers (host skew, a late rank),
+        # which makes per-rank levels alternate between ~1x and several x in a clean run.
+        # Waiting is the straggler scorer's evidence (below), not the link's.
+        obs = max(r.busbw_gbs_p50 for r in recs)
         first = recs[0]
         end = first.end_ns
         h0 = first.host
@@ -593,7 +597,14 @@ class Pipeline:
         return transition, effect
 
     def _spread_fired(self, job: JobState, ks: KeyState, spread_effect: float, out: list) -> None:
-        """A sustained drop of the ranks' spread: a straggler, if one rank explains it."""
+        """A sustained drop of the ranks' spread: a straggler, if one rank explains it.
+
+        Not while a key of the same communicator is degraded or part of a link
+        incident: ranks wait differently when the transfer itself slows, and that is
+        one cause, not two.
+        """
+        if self._link_trouble(job, ks.comm):
+            return
         sc = ks.straggler
         rank = sc.low_rank
         if rank is None or sc.low_streak < max(1, self.cfg.sustain_windows - 1):
@@ -617,8 +628,11 @@ class Pipeline:
             inc.members.append(member)
             inc.n_members += 1
             inc.listed.append({**ks.describe(), "effect": round(ks.last_effect, 6)})
-            self._set_throughput(job, inc)
-            self._emit(inc.event("firing", job.watermark), out)
+            inc.peak = max(inc.peak, spread_effect)
+            inc.confirmed = False
+            ks.spread_incident = inc.id
+            self._confirm(job, inc, out)
+            return
         elif member not in inc.members:
             inc.members.append(member)
             inc.n_members += 1
@@ -652,18 +666,160 @@ class Pipeline:
             recent_ns=job.lateness_ns + 2 * ks.window_ns,
         )
         if v.type == "intra_node" and ks.transport != "nvlink":
-            inc = job.find("intra_node", None)  # a mixed key joins the node's incident
+            inc = self._find_live(job, "intra_node", None)  # a mixed key joins the node's
         else:
-            inc = job.find(v.type, v.scope)
+            inc = self._find_live(job, v.type, v.scope)
         start = ks.rule.start_ns if ks.rule.start_ns is not None else job.watermark
         if inc is None:
             inc = self._open(job, v, start, ks)
+            inc.confirmed = False
             self._join(inc, ks)
-            self._set_throughput(job, inc)
-            self._emit(inc.event("firing", job.watermark), out)
+            self._confirm(job, inc, out)
         else:
             self._join(inc, ks)
         ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+
+    def _early_span_ns(self, job: JobState) -> int:
+        """How long after its start an incident must show its cost to be raised."""
+        return self.cfg.sustain_windows * (job.window_ns or DEFAULT_WINDOW_NS)
+
+    def _find_live(self, job: JobState, type_: str, scope: str | None) -> Incident | None:
+        """An open incident a newly fired key can join: raised, or still young.
+
+        One that stayed quiet past its early span was harmless; a key firing now has a
+        cause of its own and opens its own incident.
+        """
+        late = job.watermark - self._early_span_ns(job) - job.lateness_ns
+        for inc in job.incidents.values():
+            if (inc.type == type_ and (scope is None or inc.scope == scope)
+                    and (inc.confirmed or inc.start_ns >= late)):
+                return inc
+        return None
+
+    @staticmethod
+    def _link_trouble(job: JobState, comm: str | None) -> bool:
+        """Most keys of ``comm`` are degraded or in a link incident: its transfers slowed.
+
+        A late rank slows one or two of its communicator's operations (those right
+        after its extra work, where even its own kernel waits), while the others keep
+        their speed on the rank that waited least; a slow link slows them all.
+        """
+        keys = [k for k in job.keys.values() if k.comm == comm and k.warm]
+        bad = sum(degraded_now(k) or k.incident is not None for k in keys)
+        return bool(keys) and 2 * bad > len(keys)
+
+    def _reports_throughput(self, job: JobState) -> bool:
+        ts = job.throughput.ts_ns
+        return ts > 0 and job.watermark - ts <= self._timeout_ns
+
+    def _confirm(self, job: JobState, inc: Incident, out: list) -> None:
+        """Raise a comm incident once it is worth a page, else keep it quiet.
+
+        A job that reports its throughput: once the job lost at least
+        ``throughput_drop`` of it since the incident began (then it is critical). A
+        job that does not: once the loss of bus bandwidth reached
+        ``threshold_without_throughput`` (a warning: its cost is unknown). Until then
+        the incident's keys stay out of their baselines, so a slow start is not learned.
+        """
+        cfg = self.cfg
+        # What the job loses now (its last sustain windows) against before the incident:
+        # a ramp is raised when it costs the gate, not when its average since onset does.
+        span = self._early_span_ns(job)
+        tp = job.throughput
+        reports = self._reports_throughput(job)
+        if reports:
+            now = tp.delta(max(inc.start_ns, job.watermark - span), job.watermark,
+                           before_ns=inc.start_ns)
+            # ... and it cost the job from its onset: a degradation that had been
+            # harmless for a while (a rank-order flip, a drift) does not take the blame
+            # for a loss something else started later.
+            early = tp.delta(inc.start_ns, min(job.watermark, inc.start_ns + span))
+            if (now is None or now > -cfg.throughput_drop
+                    or early is None or early > -cfg.throughput_drop / 2):
+                return
+        elif inc.peak < cfg.threshold_without_throughput:
+            return
+        if inc.type in ("intra_node", "network_path") and not self._reattribute(job, inc):
+            return
+        if inc.type == "straggler":
+            # Ranks also wait differently when the transfer itself slows: give the
+            # communicator's links the windows they need to say so before naming a rank.
+            window = job.window_ns or DEFAULT_WINDOW_NS
+            if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
+                return
+            if self._link_trouble(job, inc.evidence.get("comm")):
+                return  # one cause: the link
+        if inc.id not in job.incidents:
+            return  # merged into an open incident of the same cause
+        inc.confirmed = True
+        inc.detected_ns = job.watermark
+        self._set_throughput(job, inc)
+        if reports:
+            inc.severity = "critical"  # it costs the job at least throughput_drop
+        self._emit(inc.event("firing", job.watermark), out)
+
+    def _reattribute(self, job: JobState, inc: Incident) -> bool:
+        """Name the transport class that degraded now, whichever key fired first.
+
+        Returns False while it names no class: only a minority of the NVLink keys
+        dipping while the network keys hold.
+        """
+        now = job.watermark
+        recent = job.lateness_ns + 2 * job.window_ns
+        # Keys that were degraded well before this incident began are another story.
+        since = inc.start_ns - self._early_span_ns(job)
+        nv_bad = nv_ok = net_bad = 0
+        for k in job.keys.values():
+            if not k.warm or now - k.last_end_ns > recent:
+                continue
+            bad = k.incident == inc.id
+            if not bad and degraded_now(k):
+                started = k.rule.start_ns if k.rule.firing else None
+                if started is not None and started < since:
+                    continue
+                bad = True
+            if k.transport == "nvlink":
+                nv_bad += bad
+                nv_ok += not bad
+            elif k.transport in NETWORK_TRANSPORTS:
+                net_bad += bad
+        if nv_bad and nv_bad >= nv_ok:
+            want = "intra_node"
+        elif net_bad:
+            want = "network_path"
+        else:
+            # A few NVLink keys dipping while most hold is not the node's NVLink: it is
+            # what a late rank does to the operation it is late for (the straggler is
+            # its own incident), or noise.
+            return False
+        inc.evidence.update({"nvlink_keys_degraded": nv_bad, "nvlink_keys_holding": nv_ok,
+                             "network_keys_degraded": net_bad})
+        if want == inc.type:
+            return True
+        other = next((i for i in job.incidents.values()
+                      if i is not inc and i.type == want), None)
+        if other is not None:  # the cause already has an incident: the keys join it
+            for gk in inc.members:
+                ks = job.keys.get(gk[:4])
+                if ks is not None and len(gk) == 4:
+                    ks.incident = other.id
+                other.members.append(gk)
+                other.n_members += 1
+            del job.incidents[inc.id]
+            return False
+        del job.incidents[inc.id]
+        inc.type = want
+        inc.attribution = "network" if want == "network_path" else "intra_node"
+        inc.scope = "" if want == "network_path" else (inc.host or "")
+        if want == "network_path":
+            inc.host = None
+        inc.id = incident_id(job.job, inc.type, inc.scope, inc.start_ns)
+        job.incidents[inc.id] = inc
+        for gk in inc.members:
+            ks = job.keys.get(gk[:4])
+            if ks is not None and len(gk) == 4:
+                ks.incident = inc.id
+        return True
 
     def _open(self, job: JobState, v: Verdict, start: int, ks: KeyState | None) -> Incident:
         cfg = self.cfg
@@ -729,6 +885,9 @@ class Pipeline:
             self._resolve(job, inc, out)
 
     def _resolve(self, job: JobState, inc: Incident, out: list, reason: str | None = None) -> None:
+        if not inc.confirmed:  # never raised: ends as quietly as it began
+            del job.incidents[inc.id]
+            return
         if inc.end_ns is None:
             inc.end_ns = job.watermark
         inc.end_ns = max(inc.end_ns, inc.start_ns)
@@ -774,8 +933,15 @@ class Pipeline:
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
         self._decide_throughput_drop(job, out)
+        self._refresh_comm_incidents(job, out)
+
+    def _refresh_comm_incidents(self, job: JobState, out: list) -> None:
         for inc in list(job.incidents.values()):
-            if inc.type in COMM_TYPES and self._set_throughput(job, inc):
+            if inc.type not in COMM_TYPES or inc.id not in job.incidents:
+                continue
+            if not inc.confirmed:
+                self._confirm(job, inc, out)
+            elif self._set_throughput(job, inc):
                 self._emit(inc.event("firing", job.watermark), out)
 
     def _close_all(self, job: JobState, out: list) -> None:
@@ -895,7 +1061,8 @@ class Pipeline:
         now = job.watermark
         recent = job.lateness_ns + 2 * job.window_ns
         return any(
-            degraded_now(ks) and now - ks.last_end_ns <= recent for ks in job.keys.values()
+            (degraded_now(ks) or rule_degraded(ks.spread_rule)) and now - ks.last_end_ns <= recent
+            for ks in job.keys.values()
         )
 
     def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
@@ -943,9 +1110,7 @@ class Pipeline:
             else:
                 tp.clear = 0
         self._decide_throughput_drop(job, out)
-        for inc in list(job.incidents.values()):
-            if inc.type in COMM_TYPES and self._set_throughput(job, inc):
-                self._emit(inc.event("firing", job.watermark), out)
+        self._refresh_comm_incidents(job, out)
 
     def _decide_throughput_drop(self, job: JobState, out: list) -> None:
         """Report a sustained throughput drop once the windows of its time are in.
@@ -961,10 +1126,13 @@ class Pipeline:
             return
         t = tp.fire_ts
         now = job.watermark
+        # The comm keys get as long as the drop took to show up (sustain windows) to
+        # show theirs: a straggler's spread, say, may need a window more than the steps.
+        grace = self.cfg.sustain_windows * (job.window_ns or DEFAULT_WINDOW_NS)
         ready = (
             not job.keys
             or tp.ts_ns - now > self._timeout_ns
-            or all(
+            or now >= t + grace and all(
                 ks.closed_before > t - ks.window_ns
                 for ks in job.keys.values()
                 if now - ks.last_end_ns <= self._timeout_ns

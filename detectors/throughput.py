@@ -117,12 +117,15 @@ class ThroughputTracker:
         vals = [v for ts, v in self.history if ts >= start_ns and (end_ns is None or ts <= end_ns)]
         return (sum(vals) / len(vals) if vals else None), len(vals)
 
-    def delta(self, start_ns: int, end_ns: int | None) -> float | None:
-        """Relative TFLOP/s change over ``[start, end]`` against the minute before start."""
+    def delta(self, start_ns: int, end_ns: int | None, *, before_ns: int | None = None
+              ) -> float | None:
+        """Relative TFLOP/s change over ``[start, end]`` against the minute before
+        ``before_ns`` (default: before ``start``)."""
         during, n = self.mean(start_ns, end_ns)
         if during is None:
             return None
-        before = [v for ts, v in self.history if start_ns - BEFORE_NS <= ts < start_ns]
+        ref_end = start_ns if before_ns is None else before_ns
+        before = [v for ts, v in self.history if ref_end - BEFORE_NS <= ts < ref_end]
         ref = sum(before) / len(before) if before else self.baseline.baseline
         if not ref:
             return None

@@ -150,7 +150,12 @@ class DetectorConfig:
     recover_windows: int = 3  # consecutive healthy windows before it resolves
     recover_threshold: float = 0.05  # hysteresis: healthy means loss below this
     warmup_windows: int = 10
-    throughput_drop: float = 0.05  # job throughput loss that raises severity
+    # A comm anomaly is raised only once it costs the job this much of its throughput
+    # (and is then critical); NCCL slowing down without costing the job is no page.
+    throughput_drop: float = 0.05
+    # For a job that reports no throughput: how large a sustained busbw loss must be
+    # before it is raised (as a warning), since its cost cannot be measured.
+    threshold_without_throughput: float = 0.25
     straggler_score: float = 0.2
     telemetry_timeout_s: float = 10.0
     model_path: str = ""  # scikit-learn cold-start model from `ncclwatch fit`

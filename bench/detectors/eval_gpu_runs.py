@@ -34,9 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ncclwatch import config
 from ncclwatch.detectors import watch
 from ncclwatch.ingest.recording import Options, ReadStats, read_recording
+
+from ncclwatch import config
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
 GATE = 0.05
@@ -77,23 +78,26 @@ def incidents(events: list[Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def names_straggler(ev: Any, fault: dict) -> bool:
-    """The event names a process of the slow GPU (its rank in one of its communicators)."""
-    comm_ranks = fault.get("comm_ranks", {})
+def names_straggler(ev: Any, fault: dict, run_info: dict) -> bool:
+    """The event names a process on the slow GPU (by its rank in one of its communicators).
+
+    A slow GPU makes every process on it late, so naming any of them names the GPU (in a
+    real job each GPU has one process; here two share it, see bench/scenarios/README.md).
+    """
     ev_comm = (ev.evidence or {}).get("comm")
-    if ev_comm in comm_ranks and ev.rank == comm_ranks[ev_comm]:
-        return True
-    pids = set(fault.get("pids", [fault.get("pid")]))
-    named = (ev.evidence or {}).get("pids") or []
-    return bool(pids & set(named))
+    comm = next((c for c in run_info.get("comms", {}).values() if c["comm"] == ev_comm), None)
+    if comm is None or ev.rank is None or not 0 <= ev.rank < len(comm["ranks"]):
+        return False
+    global_rank = comm["ranks"][ev.rank]
+    return run_info["ranks"][str(global_rank)]["gpu"] == fault["gpu"]
 
 
 def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
     labels = json.loads((run / "labels.json").read_text())
     faults = labels["faults"]
     incs = incidents(events)
-    row: dict[str, Any] = {"run": run.name, "profiler": json.loads(
-        (run / "run.json").read_text()).get("profiler", "ncclwatch")}
+    run_info = json.loads((run / "run.json").read_text())
+    row: dict[str, Any] = {"run": run.name, "profiler": run_info.get("profiler", "ncclwatch")}
     if not faults:
         row.update(fault="clean", drop=None, expected="nothing")
     else:
@@ -110,7 +114,7 @@ def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
         if faults and row["expected"] == faults[0]["type"] and matched is None:
             f = faults[0]
             in_time = f["start_ns"] - 5e9 <= ev.detected_ns <= f["end_ns"] + 5e9
-            right = ev.type == f["type"] and (f["type"] != "straggler" or names_straggler(ev, f))
+            right = ev.type == f["type"] and (f["type"] != "straggler" or names_straggler(ev, f, run_info))
             if in_time and right:
                 matched = (iid, inc)
                 continue
@@ -141,9 +145,9 @@ def run_dirs(paths: list[str], split: str) -> list[Path]:
     for root in roots:
         for p in sorted(root.iterdir()) if root.is_dir() and not (root / "labels.json").exists() else [root]:
             name = p.name.removesuffix(".tar.gz")
-            if (p.is_dir() and (p / "labels.json").exists()) or p.name.endswith(".tar.gz"):
-                if wanted is None or name in wanted:
-                    out.append(p)
+            is_run = (p.is_dir() and (p / "labels.json").exists()) or p.name.endswith(".tar.gz")
+            if is_run and (wanted is None or name in wanted):
+                out.append(p)
     return out
 
 
