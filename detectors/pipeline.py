@@ -717,8 +717,9 @@ class Pipeline:
 
         A job that reports its throughput: once the job lost at least
         ``throughput_drop`` of it since the incident began (then it is critical). A
-        job that does not: once the loss of bus bandwidth reached
-        ``threshold_without_throughput`` (a warning: its cost is unknown). Until then
+        job that does not, or has no throughput from before the incident (a cold
+        start): once the loss of bus bandwidth reached ``threshold_without_throughput``
+        (a warning: its cost is unknown). Until then
         the incident's keys stay out of their baselines, so a slow start is not learned.
         """
         cfg = self.cfg
@@ -726,19 +727,20 @@ class Pipeline:
         # a ramp is raised when it costs the gate, not when its average since onset does.
         span = self._early_span_ns(job)
         tp = job.throughput
-        reports = self._reports_throughput(job)
-        if reports:
+        now = early = None
+        if self._reports_throughput(job):
             now = tp.delta(max(inc.start_ns, job.watermark - span), job.watermark,
                            before_ns=inc.start_ns)
             # ... and it cost the job from its onset: a degradation that had been
             # harmless for a while (a rank-order flip, a drift) does not take the blame
             # for a loss something else started later.
             early = tp.delta(inc.start_ns, min(job.watermark, inc.start_ns + span))
-            if (now is None or now > -cfg.throughput_drop
-                    or early is None or early > -cfg.throughput_drop / 2):
+        measured = now is not None and early is not None
+        if measured:
+            if now > -cfg.throughput_drop or early > -cfg.throughput_drop / 2:
                 return
         elif inc.peak < cfg.threshold_without_throughput:
-            return
+            return  # no throughput, or none from before the incident (a cold start)
         if inc.type in ("intra_node", "network_path") and not self._reattribute(job, inc):
             return
         if inc.type == "straggler":
@@ -754,7 +756,7 @@ class Pipeline:
         inc.confirmed = True
         inc.detected_ns = job.watermark
         self._set_throughput(job, inc)
-        if reports:
+        if measured:
             inc.severity = "critical"  # it costs the job at least throughput_drop
         self._emit(inc.event("firing", job.watermark), out)
 
