@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,22 @@ class Options:
     auth_attempts: int = 5  # Kafka refusing the credentials this often in a row: exit 1
     throughput_regex: str = ""
     quarantine_file: str = ""
+
+
+@dataclass
+class StreamTimes:
+    """One source's streams, for reading them together in stream time (_read_aligned)."""
+
+    time: dict[str, int] = field(default_factory=dict)  # the stream's time
+    behind: dict[str, bool] = field(default_factory=dict)  # complete lines left to read
+    path: dict[str, str] = field(default_factory=dict)  # the file it was last read from
+
+    def prune(self, live: Collection[str]) -> None:
+        """Forget streams the tailer no longer has (cheap when there are none)."""
+        if len(self.time) > len(live) or len(self.behind) > len(live):
+            for d in (self.time, self.behind, self.path):
+                for sid in [s for s in d if s not in live]:
+                    del d[sid]
 
 
 class Batch:
@@ -168,13 +185,11 @@ class Forwarder:
         self.src_stream: dict[str, tuple[str, tuple[str, str, int]]] = {}
         self.stream_srcs: dict[tuple, set[str]] = collections.defaultdict(set)
         self.last_seen: dict[str, float] = {}
-        # Reading the spool's streams together (see _read_spool_aligned): per stream id,
-        # its time, whether it has lines left, the file it was last read from.
+        # Reading a source's streams together (see _read_aligned): per stream id, its
+        # time, whether it has lines left, the file it was last read from.
         self.align_ns = int(round(opts.align_s * 1e9)) if opts.align_s >= 0 else (
             self.window_ns // 2)
-        self.st_time: dict[str, int] = {}
-        self.st_behind: dict[str, bool] = {}
-        self.st_path: dict[str, str] = {}
+        self.aligned = StreamTimes()  # every source's streams: they share the host clock
 
         self.sources: list[tuple[str, Tailer]] = []
         self.spool = SpoolTailer(opts.spool_dir)
@@ -195,8 +210,11 @@ class Forwarder:
             self.trainlog = FileTailer(list(opts.training_logs))
             self.sources.append(("training_log", self.trainlog))
             ThroughputParser(job=self.tp_job, host=self.host, regex=self._tp_regex())  # checks the regex now
-        for _, tailer in self.sources:
+        for name, tailer in self.sources:
             live = {p for s in tailer.discover() for p in s}
+            if name == "training_log":
+                for p in sorted(live):  # every rank's log counts before it is read
+                    self.tp_merge.expect(p)
             for p in live:
                 if p not in self.acked:
                     continue
@@ -368,16 +386,28 @@ class Forwarder:
     # in stream time across processes. A stream that is caught up (no complete line
     # left) holds nobody back.
 
-    def _read_spool_aligned(self, budget: int, out: list, ops: dict) -> int:
-        tailer = self.spool
+    #
+    # NCCL Inspector's JSON logs (one file per process, dumped per communicator) and the
+    # training logs (one per rank) are streams too, on the same horizon: a backlog of
+    # them would otherwise reach Kafka one whole file after another, throughput far
+    # ahead of the windows it should be judged with.
+
+    def _read_aligned(self, tailer: Tailer, read: Any, budget: int, out: list,
+                      ops: dict) -> int:
+        """Read ``tailer``'s streams together up to a common horizon (see above).
+
+        ``read(chunks, out, ops, horizon)`` processes polled chunks and returns
+        ``(lines used, streams given back)``.
+        """
+        st = self.aligned
         total = 0
         for _ in range(256):  # rounds; each one advances the slowest stream
-            horizon, skip = self._spool_plan()
+            horizon, skip = self._plan(st)
             n_streams = max(1, len(tailer.stream_ids) - len(skip))
             per = max(64, budget // n_streams)
             chunks = tailer.poll_chunks(budget, per_stream=per, skip=skip)
-            n, gave = self._read_spool(chunks, out, ops, horizon)
-            behind = self.st_behind
+            n, gave = read(chunks, out, ops, horizon)
+            behind = st.behind
             limited = tailer.limited
             for sid in tailer.read_streams:
                 behind[sid] = sid in limited or sid in gave
@@ -385,15 +415,12 @@ class Forwarder:
             budget -= n
             if budget <= 0 or (n == 0 and not gave) or not any(behind.values()):
                 break
-        if len(self.st_time) > len(tailer.stream_ids) or len(behind) > len(tailer.stream_ids):
-            for d in (self.st_time, self.st_behind, self.st_path):
-                for sid in [s for s in d if s not in tailer.stream_ids]:
-                    del d[sid]
+        st.prune({sid for _, t in self.sources for sid in t.stream_ids})
         return total
 
-    def _spool_plan(self) -> tuple[int, set[str]]:
+    def _plan(self, st: StreamTimes) -> tuple[int, set[str]]:
         """The horizon, and the behind streams already past it."""
-        behind = [(sid, t) for sid, t in self.st_time.items() if self.st_behind.get(sid)]
+        behind = [(sid, t) for sid, t in st.time.items() if st.behind.get(sid)]
         if not behind:
             return _NO_LIMIT, set()
         horizon = min(t for _, t in behind) + self.align_ns
@@ -402,7 +429,7 @@ class Forwarder:
             # Held back on purpose, not idle: keep the idle flush off its windows.
             now = self.clock()
             for sid in skip:
-                path = self.st_path.get(sid)
+                path = st.path.get(sid)
                 if path is not None:
                     self.last_seen[path] = now
         return horizon, skip
@@ -417,7 +444,8 @@ class Forwarder:
         window_ns = self.window_ns
         fast_op = FastOpRecord
         sid_of = self.spool.stream_id
-        st_time = self.st_time
+        st = self.aligned
+        st_time = st.time
         n = 0
         now = self.clock()
         stopped: set[str] = set()
@@ -434,7 +462,7 @@ class Forwarder:
             hz = horizon if sid in st_time else -1
             hi = -1
             gave = -1
-            self.st_path[sid] = src
+            st.path[sid] = src
             floor = self.floor.get(src, -1)
             starts = self.open_first.setdefault(src, {})
             raws = chunk.raws
@@ -534,24 +562,34 @@ class Forwarder:
             self.inspector_jobs[src] = job
         return job
 
-    def _read_inspector(self, chunks: list, out: list, ops: dict) -> int:
+    def _read_inspector(self, chunks: list, out: list, ops: dict,
+                        horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
+        """Inspector lines -> ops, up to each file's horizon (as :meth:`_read_spool`)."""
         n = 0
         now = self.clock()
+        st = self.aligned
+        stopped: set[str] = set()
         for chunk in chunks:
             src = chunk.source
+            if src in stopped:  # given back: so is the rest of what was polled
+                continue
+            hz = horizon if src in st.time else -1  # a file not known yet is probed
+            hi = -1
+            st.path[src] = src
             floor = self.floor.get(src, -1)
             starts = self.open_first.setdefault(src, {})
             job = self._inspector_job(src)
             self.last_seen[src] = now
             for line in chunk.lines():
-                n += 1
                 send = line.next_offset > floor
                 try:
                     rec = op_from_inspector(line.raw, job=job)
                 except NotAnOp as e:  # a dump_stats marker: no op, nothing wrong
+                    n += 1
                     self.inspector_skipped[e.what] += 1
                     continue
                 except InspectorError as e:
+                    n += 1
                     if send:
                         stage = "parse" if e.reason in ("not_json", "not_utf8") else "schema"
                         if len(line.raw) > self.spool.max_line_bytes:
@@ -559,39 +597,76 @@ class Forwarder:
                             stage = "size"
                         self._quarantine(quarantine(e, line.raw, src, line.offset, stage), out)
                     continue
+                end = rec.start_ns + rec.exec_ns
+                if end > hz:
+                    self.inspector.rewind(src, line.offset)
+                    stopped.add(src)
+                    st.time[src] = end
+                    break
+                n += 1
+                hi = max(hi, end)
                 self._window_op("inspector", rec, src, line.offset, starts, out)
                 if send:
                     ops.setdefault(f"{rec.job}|{rec.comm}", []).append(to_json(rec).encode())
-            if chunk.next_offset >= floor:
-                self.floor.pop(src, None)
-        return n
+            else:
+                if hi > st.time.get(src, -1):
+                    st.time[src] = hi
+                if chunk.next_offset >= floor:
+                    self.floor.pop(src, None)
+        return n, stopped
 
     def _tp_regex(self) -> str:
         return self.opts.throughput_regex or self.cfg.ingest.throughput_regex
 
-    def _read_trainlog(self, chunks: list, out: list) -> int:
+    def _read_trainlog(self, chunks: list, out: list, ops: dict,
+                       horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
         """Training-log lines -> the job's throughput series, stamped with the lines' own
-        time (read time only for a line without one), the ranks' logs merged."""
+        time (read time only for a line without one), the ranks' logs merged; a line
+        stamped past its file's horizon is given back (as :meth:`_read_spool`)."""
         n = 0
         read_ns = time.time_ns()
+        st = self.aligned
+        stopped: set[str] = set()
         for chunk in chunks:
-            floor = self.floor.get(chunk.source, -1)
-            parser = self.tp_parsers.get(chunk.source)
+            src = chunk.source
+            if src in stopped:
+                continue
+            hz = horizon if src in st.time else -1  # a log not known yet is probed
+            hi = -1
+            st.path[src] = src
+            floor = self.floor.get(src, -1)
+            parser = self.tp_parsers.get(src)
             if parser is None:
-                parser = self.tp_parsers[chunk.source] = ThroughputParser(
+                parser = self.tp_parsers[src] = ThroughputParser(
                     job=self.tp_job, host=self.host, regex=self._tp_regex(),
                     timezone=self.cfg.ingest.trainlog_timezone)
+                self.tp_merge.expect(src)
             for line in chunk.lines():
-                n += 1
                 if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
+                    n += 1
                     continue
+                untimed = parser.untimed
                 rec = parser.parse(line.raw.decode("utf-8", errors="replace"), read_ns)
+                if rec is not None and parser.untimed == untimed:  # its own time
+                    if rec.ts_ns > hz:
+                        self.trainlog.rewind(src, line.offset)
+                        stopped.add(src)
+                        st.time[src] = rec.ts_ns
+                        break
+                    hi = max(hi, rec.ts_ns)
+                n += 1
                 if rec is not None:
-                    self.tp_merge.add(chunk.source, rec)
-            if chunk.next_offset >= floor:
-                self.floor.pop(chunk.source, None)
-        self._emit_throughput(self.tp_merge.release(), out)
-        return n
+                    self.tp_merge.add(src, rec)
+            else:
+                if hi > st.time.get(src, -1):
+                    st.time[src] = hi
+                if chunk.next_offset >= floor:
+                    self.floor.pop(src, None)
+        # Every log was read up to the earliest of their times (the aligned read).
+        times = [st.time.get(p) for p in self.tp_merge.sources]
+        until = None if not times or None in times else min(times)
+        self._emit_throughput(self.tp_merge.release(until), out)
+        return n, stopped
 
     def _emit_throughput(self, records: list, out: list) -> None:
         for rec in records:
@@ -635,15 +710,12 @@ class Forwarder:
         for name, tailer in self.sources:
             if budget <= 0:
                 break
-            chunks = tailer.poll_chunks(budget) if name != "spool" else None
-            if chunks is not None and not chunks:
-                continue
             if name == "spool":
-                n = self._read_spool_aligned(budget, out, ops)
+                n = self._read_aligned(tailer, self._read_spool, budget, out, ops)
             elif name == "inspector_json":
-                n = self._read_inspector(chunks, out, ops)
+                n = self._read_aligned(tailer, self._read_inspector, budget, out, ops)
             else:
-                n = self._read_trainlog(chunks, out)
+                n = self._read_aligned(tailer, self._read_trainlog, budget, out, ops)
             self.metrics.read.labels(name).inc(n)
             budget -= n
             total += n
@@ -884,19 +956,23 @@ class Forwarder:
             return []
         self.last_idle_check = now
         out: list = []
+        flushed: list = []
         for key in list(self.stream_srcs):
             srcs = self.stream_srcs[key]
             if force or all(now - self.last_seen.get(s, 0) >= self.opts.idle_flush_s
                             for s in srcs):
-                closed = self.windowers[key[0]].flush(key[1])
-                if closed:
-                    self._emit_windows(closed, out)
+                flushed += self.windowers[key[0]].flush(key[1])
                 for s in srcs:
                     self.open_first.pop(s, None)
                     self.src_stream.pop(s, None)
                 # The windower keeps the stream's closing horizon, so a process that
                 # resumes cannot reopen (and re-emit) a flushed window.
                 del self.stream_srcs[key]
+        if flushed:
+            # In time order across processes, as they would have closed: a partition is
+            # a FIFO, and the worker can only merge other inputs around what it holds.
+            flushed.sort(key=lambda w: (w.end_ns, w.job, w.host, w.comm, w.op, w.rank))
+            self._emit_windows(flushed, out)
         if force:  # the input is complete: iterations some rank never logged go too
             self._emit_throughput(self.tp_merge.flush(), out)
         return out

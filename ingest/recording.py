@@ -333,7 +333,7 @@ def read_training_logs(
     paths: Iterable[Path], *, job: str, options: Options, stats: ReadStats, host: str = ""
 ) -> list[ThroughputRecord]:
     """One job throughput series from per-rank logs (:class:`RankMerge`, read whole)."""
-    merge = RankMerge(hold_steps=None)  # the files are whole: every rank's report is there
+    merge = RankMerge(hold_s=None)  # the files are whole: every rank's report is there
     read_ns = time.time_ns()
     for path in paths:
         parser = ThroughputParser(

@@ -200,6 +200,9 @@ class ThroughputParser:
         )
 
 
+SKEW_NS = 10**9  # the most the ranks' reports of one iteration are apart in time
+
+
 class RankMerge:
     """Several ranks' training logs (one file per rank) -> one job throughput series.
 
@@ -218,23 +221,25 @@ class RankMerge:
 
     Records go in with :meth:`add` and come out with :meth:`release`, so a caller adds
     everything one poll read from every file before deciding what is complete. Live, an
-    iteration goes out once every rank that has reported anything reported it, or once
-    ``hold_steps`` later iterations arrived (a rank that died must not hold the job's
-    series back); a rank's report of an iteration already sent is counted in ``late``
-    and dropped. ``hold_steps=None`` (a recording, read whole) holds everything for
-    :meth:`flush`.
+    iteration goes out once every rank that has reported anything reported it, or once a
+    later report is ``hold_s`` newer than it (a rank that died must not hold the job's
+    series back; counted in time, not iterations, because ranks' logs are flushed and
+    read at their own pace, many short iterations apart); a rank's report of an
+    iteration already sent is counted in ``late`` and dropped. ``hold_s=None`` (a
+    recording, read whole) holds everything for :meth:`flush`.
 
     Parameters
     ----------
-    hold_steps
-        Later iterations after which an incomplete one is sent anyway; None: never.
+    hold_s
+        How much newer a later report must be before an incomplete iteration is sent
+        anyway; None: never.
 
     Examples
     --------
     >>> def rec(step, tf, ts):
     ...     return ThroughputRecord(job="j", host="h", rank=-1, ts_ns=ts, step=step,
     ...                             tflops_per_gpu=tf, tokens_per_s=None, source="log")
-    >>> m = RankMerge(hold_steps=2)
+    >>> m = RankMerge(hold_s=1e-7)
     >>> m.add("rank-0.log", rec(1, 40.0, 100)); m.add("rank-1.log", rec(1, 44.0, 130))
     >>> [(r.step, r.tflops_per_gpu, r.ts_ns) for r in m.release()]
     [(1, 42.0, 130)]
@@ -242,12 +247,17 @@ class RankMerge:
     []
     >>> m.add("rank-1.log", rec(2, 44.0, 230)); [r.tflops_per_gpu for r in m.release()]
     [42.0]
+    >>> m.add("rank-0.log", rec(3, 40.0, 300)); m.add("rank-0.log", rec(4, 40.0, 401))
+    >>> [(r.step, r.tflops_per_gpu) for r in m.release()]  # rank 1 silent 100 ns too long
+    [(3, 40.0)]
     """
 
-    def __init__(self, hold_steps: int | None = 4):
-        if hold_steps is not None and hold_steps < 1:
-            raise ValueError(f"hold_steps must be >= 1 or None, got {hold_steps}")
-        self.hold_steps = hold_steps
+    def __init__(self, hold_s: float | None = 5.0):
+        if hold_s is not None and not hold_s > 0:
+            raise ValueError(f"hold_s must be > 0 or None, got {hold_s}")
+        self.hold_s = hold_s
+        self._hold_ns = None if hold_s is None else int(hold_s * 1e9)
+        self._newest_ns = -1
         self._sources: set[str] = set()
         self._seen: dict[tuple[str, int], int] = {}  # (source, step) -> reports so far
         self._pending: dict[tuple[int, int], dict[str, ThroughputRecord]] = {}
@@ -259,6 +269,8 @@ class RankMerge:
     def add(self, source: str, record: ThroughputRecord) -> None:
         """One rank's record (one line of its log)."""
         self._sources.add(source)
+        if record.ts_ns > self._newest_ns:
+            self._newest_ns = record.ts_ns
         n = self._seen.get((source, record.step), 0)
         self._seen[(source, record.step)] = n + 1
         key = (record.step, n)
@@ -271,22 +283,39 @@ class RankMerge:
             self._order.append(key)
         group.setdefault(source, record)
 
-    def release(self) -> list[ThroughputRecord]:
-        """The job records of the iterations complete now, in iteration order."""
-        return self._release(final=False)
+    @property
+    def sources(self) -> frozenset[str]:
+        """The logs iterations wait for."""
+        return frozenset(self._sources)
+
+    def expect(self, source: str) -> None:
+        """A log that will report: iterations wait for it from now on (a reader that
+        opened several logs says so before it read any of them)."""
+        self._sources.add(source)
+
+    def release(self, until_ns: int | None = None) -> list[ThroughputRecord]:
+        """The job records of the iterations complete now, in iteration order.
+
+        ``until_ns``: every log was read up to this time, so an iteration reported more
+        than ``SKEW_NS`` before it is complete whoever did not report it (the ranks of
+        one iteration print within that of each other; a later report counts as late).
+        """
+        return self._release(final=False, until_ns=until_ns)
 
     def flush(self) -> list[ThroughputRecord]:
         """Every iteration still held, with the ranks that reported it."""
         return self._release(final=True)
 
-    def _release(self, final: bool) -> list[ThroughputRecord]:
+    def _release(self, final: bool, until_ns: int | None = None) -> list[ThroughputRecord]:
         out = []
         while self._order:
             key = self._order[0]
             group = self._pending[key]
-            if not final and (
-                self.hold_steps is None or (len(group) < len(self._sources) and len(self._order) <= self.hold_steps)
-            ):
+            if not final and (self._hold_ns is None or (
+                    len(group) < len(self._sources)
+                    and self._newest_ns - min(r.ts_ns for r in group.values()) < self._hold_ns
+                    and (until_ns is None
+                         or max(r.ts_ns for r in group.values()) + SKEW_NS >= until_ns))):
                 break
             self._order.popleft()
             del self._pending[key]

@@ -82,7 +82,7 @@ def test_the_zone_is_a_config_key_checked_at_load():
 
 
 def test_ranks_give_one_series_median_of_the_ranks_at_the_latest_timestamp():
-    m = RankMerge(hold_steps=None)
+    m = RankMerge(hold_s=None)
     for src, tf, ts in (("r0", 40.0, 100), ("r1", 44.0, 130), ("r2", 41.0, 110)):
         m.add(src, rec(1, tf, ts))
     m.add("r0", rec(2, 40.0, 200))
@@ -92,7 +92,7 @@ def test_ranks_give_one_series_median_of_the_ranks_at_the_latest_timestamp():
 
 
 def test_a_restart_that_logs_steps_again_gives_new_iterations_not_a_mix():
-    m = RankMerge(hold_steps=None)
+    m = RankMerge(hold_s=None)
     for step, ts in ((1, 10), (2, 20), (3, 30), (2, 1000), (3, 1010)):  # restarted from step 2
         m.add("r0", rec(step, 40.0, ts))
         m.add("r1", rec(step, 42.0, ts + 1))
@@ -100,7 +100,8 @@ def test_a_restart_that_logs_steps_again_gives_new_iterations_not_a_mix():
 
 
 def test_live_an_iteration_waits_for_the_other_ranks_but_not_for_a_rank_that_died():
-    m = RankMerge(hold_steps=2)
+    """Held by time, not iterations: ranks' logs are flushed at their own pace."""
+    m = RankMerge(hold_s=15e-9)  # 15 ns: two of these 10 ns iterations
     m.add("r0", rec(1, 40.0, 10))
     m.add("r1", rec(1, 42.0, 11))
     assert [r.tflops_per_gpu for r in m.release()] == [41.0]
@@ -108,7 +109,7 @@ def test_live_an_iteration_waits_for_the_other_ranks_but_not_for_a_rank_that_die
     assert m.release() == []  # r1 has not logged iteration 2 yet
     m.add("r1", rec(2, 42.0, 21))
     assert [r.tflops_per_gpu for r in m.release()] == [41.0]
-    # r1 dies: iteration 3 goes out once two later iterations came, with r0 alone
+    # r1 dies: iteration 3 goes out once a report 15 ns newer came, with r0 alone
     for step in (3, 4):
         m.add("r0", rec(step, 40.0, step * 10))
         assert m.release() == []
@@ -133,7 +134,7 @@ def test_the_forwarder_stamps_training_log_lines_with_their_own_time_and_reads_e
     fwd = Forwarder(cfg, opts, metrics=ForwarderMetrics())
     try:
         out: list = []
-        fwd._read_trainlog(fwd.trainlog.poll_chunks(1000), out)
+        fwd._read_aligned(fwd.trainlog, fwd._read_trainlog, 1000, out, {})
         out += fwd._flush_idle(force=True)
     finally:
         fwd.close()
