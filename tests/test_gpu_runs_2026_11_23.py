@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench" / "detectors"))
 import eval_gpu_runs  # noqa: E402
 
 SPLIT = json.loads((FIXTURES / "split.json").read_text())
+ALL = SPLIT["tune"] + SPLIT["heldout"]
 CFG = load(None, environ={})
 
 
@@ -93,9 +94,9 @@ def _identity(e: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
-    """Every held-out run through its own ``ncclwatch forward --once`` (spool, or Inspector
-    logs + training logs) into fresh topics, then one ``ncclwatch worker`` over them; and
-    local mode over the same runs."""
+    """Every run through its own ``ncclwatch forward --once`` (spool, or Inspector logs +
+    training logs) into fresh topics, then one ``ncclwatch worker`` over them; and local
+    mode over the same runs."""
     from drivers_support import WorkerProcess, create_topics, read_events, topics_env
 
     from ncclwatch import testing
@@ -104,13 +105,13 @@ def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
     env = topics_env(kafka_bootstrap)
     create_topics(env)
     records: list = []
-    for name in SPLIT["heldout"]:
+    for name in ALL:
         with tarfile.open(FIXTURES / f"{name}.tar.gz") as tar:
             tar.extractall(tmp, filter="data")
     # Forwarded in the order they were recorded, as one node's forwarder would have
     # published them (a partition is a FIFO: a run forwarded after a later one would
     # reach the worker with its time running backwards).
-    for name in sorted(SPLIT["heldout"], key=lambda n: json.loads(
+    for name in sorted(ALL, key=lambda n: json.loads(
             (tmp / n / "run.json").read_text())["launched_ns"]):
         run = tmp / name
         srcs, options = eval_gpu_runs.sources(run)
@@ -145,11 +146,11 @@ def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
 
 
 @pytest.mark.kafka
-def test_worker_reports_what_local_mode_reports_on_the_held_out_runs(worker_events):
+def test_worker_reports_what_local_mode_reports_on_every_run(worker_events):
     got: dict[str, list] = {}
     for e in worker_events["events"]:
         got.setdefault(e["job"], []).append(_identity(e))
-    assert worker_events["local"], "no held-out run"
+    assert len(worker_events["local"]) >= 10, "most runs raise something"
     differ = {}
     for job in sorted(set(got) | set(worker_events["local"])):
         want = sorted(map(_identity, worker_events["local"].get(job, [])))
@@ -159,14 +160,14 @@ def test_worker_reports_what_local_mode_reports_on_the_held_out_runs(worker_even
 
 
 @pytest.mark.kafka
-def test_worker_events_judged_alone_get_every_held_out_run_right(worker_events):
+def test_worker_events_judged_alone_get_every_run_right(worker_events):
     from ncclwatch.records import parse_line
 
     by_job: dict[str, list] = {}
     for e in worker_events["events"]:
         by_job.setdefault(e["job"], []).append(parse_line(json.dumps(e)))
     rows = []
-    for name in SPLIT["heldout"]:
+    for name in ALL:
         run = worker_events["tmp"] / name
         job = json.loads((run / "labels.json").read_text())["job"]
         rows.append(eval_gpu_runs.judge(run, by_job.get(job, []), 5.0))

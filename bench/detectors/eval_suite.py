@@ -23,7 +23,7 @@ from pathlib import Path
 from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.pipeline import detect_all
 
-from ncclwatch import cli
+from ncclwatch import cli, config
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import to_json
 
@@ -44,9 +44,38 @@ timeout 10 s), and its anomaly events are scored against its labels by
 
 (how matching, precision, recall, delay and attribution are defined:
 [evaluation rules](#how-it-is-scored)). Delays are stream time from the label's start
-(for ramps: when the loss crosses 10 % of the pre-fault level) to the anomaly's
-`detected_ns`. Labels below 12 % realized loss (and the 3 % compute dip) are optional:
-neither required nor counted as false alarms.
+(for ramps: when the loss crosses both 10 % of the pre-fault level and the throughput
+gate) to the anomaly's
+`detected_ns`. Labels below 12 % realized loss, comm faults costing the job less than
+the 5 % throughput gate (plus a point of margin), and the 3 % compute dip are optional:
+neither required nor counted as false alarms. Every step carries the job's throughput
+(70 % compute, 30 % exposed communication), so a comm fault is raised once it costs the
+job ≥ 5 %, and is then critical.
+"""
+
+GPU_RUNS_NOTE = """### How the held-out half was kept, and where it was not
+
+`split.json` was written before any detector change of 2026-11-23. With the detector as
+it was at the start of that day, the 18 runs scored 9/18 (held-out 4/9: false
+`network_path`/`straggler` alerts on clean runs, an alert on the 1 % below-gate run, an
+extra straggler during a network fault). The changes (raise a comm anomaly only once
+it costs the job the throughput gate from its onset; link speed from the rank that
+waited least; attribution by the transport class that degraded with the incident; a
+straggler only while its communicator's links hold) were made on the tuning half
+(9/9). The first look at the held-out half then gave 7/9: one judging error (a
+straggler named on the *other* process of the slow GPU, which the judge now accepts:
+a slow GPU makes every process on it late) and one extra `throughput_drop` raised 0.9 s
+before the straggler. The fix for that one (`throughput_drop` waits `sustain_windows`
+for the comm keys, and a key's straggler spread counts as comm trouble) and two later
+changes made for the synthetic suite (the throughput cost measured over the last
+windows, and only if the incident cost throughput from its onset) were checked on both
+halves, so the held-out half is no longer untouched: read its 9/9 as "after two
+corrections informed by it", not as a clean generalisation estimate.
+
+What these runs do not cover: 2 GPUs on one host (the network is `NET/Socket` over
+`lo`, forced with `NCCL_HOSTID`), one job layout, one fault per run, 7.7 min of clean
+runs in all (the brief asked for ≥ 10), no mixed NVLink+network communicator (needs 4
+GPUs), faults of 25 s.
 """
 
 RULES = """## How it is scored
@@ -142,6 +171,34 @@ def gpu_section(work: Path) -> str:
     ])
 
 
+def gpu_runs_section() -> str:
+    """The 18 runs of 2026-11-23 judged by eval_gpu_runs.py, split by split."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    cfg = config.load(None, environ={})
+    parts = [
+        "## Recorded GPU runs of 2026-11-23 (plugin and NCCL Inspector)\n",
+        "18 real 2×H200 runs (`tests/fixtures/gpu_runs/2026-11-23`, recorded with "
+        "`bench/scenarios/plans/2026-11-23-*.json`), judged by "
+        "`bench/detectors/eval_gpu_runs.py`: a fault costing ≥ 5 % of the job's measured "
+        "TFLOP/s must be found with the right attribution within 5 s and be critical; "
+        "clean and below-gate runs must raise nothing; any other incident is a false "
+        "alert. `p-*` runs are read as a plugin user has them (the spool), `i-*` runs "
+        "as an Inspector-only user has them (Inspector JSON + the per-rank Megatron "
+        "logs). *Loss* is the job's measured TFLOP/s loss over the fault. Local mode "
+        "(`watch`) below; the Kafka path (`forward` → Kafka → `worker`) gives the same "
+        "events, event for event, on every run "
+        "(`tests/test_gpu_runs_2026_11_23.py`).\n",
+    ]
+    for split in ("heldout", "tune"):
+        rows = eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([], split), cfg, 5.0)
+        title = ("Held-out half (no threshold tuned on it; see the note below)"
+                 if split == "heldout" else "Tuning half")
+        parts += [f"### {title}\n", eval_gpu_runs.markdown(rows), ""]
+    return "\n".join(parts)
+
+
 def render(work: Path) -> str:
     suite = scenarios.suite()
     write_dir(work / "suite", suite)
@@ -159,6 +216,8 @@ def render(work: Path) -> str:
         f"({len(seeded)} streams: seeds {SEEDS.start}–{SEEDS.stop - 1})\n",
         per_type,
         gpu_section(work),
+        gpu_runs_section(),
+        GPU_RUNS_NOTE,
         RULES,
     ])
 
