@@ -43,6 +43,7 @@ from ncclwatch.ingest.recording import (  # noqa: F401 (re-exported: the drivers
     record_time_ns,
 )
 
+from ncclwatch import private
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import (
     AnomalyEvent,
@@ -443,8 +444,9 @@ class EventsFile:
     def __init__(self, path: str | Path | None):
         self._f: io.TextIOBase | None = None
         if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open across calls)
+            private.makedirs(Path(path).parent)
+            # 0600 whatever the umask: events name jobs, hosts and communicators
+            self._f = os.fdopen(private.open_append(path), "a", encoding="utf-8")
 
     def write(self, event: AnomalyEvent) -> None:
         if self._f is not None:

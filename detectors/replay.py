@@ -446,6 +446,14 @@ def _to_kafka(
 
     if not items:
         return 0
+    # Replayed records keep their recording's times: a target created with the broker's
+    # time-based retention would lose them at its next check (docs/replay.md).
+    from ncclwatch.ingest.kafka_sink import ensure_topics
+
+    targets = {to_topic} if to_topic else {
+        topic_for(cfg, rec, prefix) for rec in (parse_line(it.raw) for it in items)
+        if not isinstance(rec, Quarantined)}
+    ensure_topics(cfg.kafka, cfg.topics, sorted(targets), retention_ms=-1)
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
     try:

@@ -162,8 +162,13 @@ def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int
 
 
 def ensure_topics(kafka: KafkaConfig, topics: TopicsConfig, names: list[str],
-                  timeout_s: float = 10.0, bootstrap_timeout_s: float = 3.0) -> list[str]:
-    """Create the topics that do not exist yet; returns the ones created."""
+                  timeout_s: float = 10.0, bootstrap_timeout_s: float = 3.0,
+                  retention_ms: int | None = None) -> list[str]:
+    """Create the topics that do not exist yet; returns the ones created.
+
+    ``retention_ms`` overrides the configured retention (``-1`` for recorded data, whose
+    old timestamps the broker's time-based retention would delete at once).
+    """
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -176,7 +181,8 @@ def ensure_topics(kafka: KafkaConfig, topics: TopicsConfig, names: list[str],
             return []
         new = [NewTopic(n, num_partitions=topics.partitions,
                         replication_factor=topics.replication_factor,
-                        topic_configs={"retention.ms": str(topics.retention_ms)})
+                        topic_configs={"retention.ms": str(
+                            topics.retention_ms if retention_ms is None else retention_ms)})
                for n in missing]
         with contextlib.suppress(TopicAlreadyExistsError):  # another forwarder won the race
             admin.create_topics(new, timeout_ms=int(timeout_s * 1000))

@@ -105,6 +105,13 @@ COMMANDS = (
         "[alerting] grafana_url and runbook_base_url (or the options), for Prometheus's rule_files.",
     ),
     Command(
+        "plugin-path",
+        "ncclwatch.plugin_cmd",
+        "print the path of the NCCL profiler plugin (for NCCL_PROFILER_PLUGIN)",
+        "Prints where the profiler plugin is: inside the wheel (Linux x86-64), a checkout's "
+        "plugin/build/, or /opt/ncclwatch/lib; --all lists every place looked at.",
+    ),
+    Command(
         "config",
         "ncclwatch.config_cmd",
         "print the example configuration or the effective one (secrets redacted)",

@@ -50,3 +50,34 @@ def test_forwarder_and_worker_topics_under_a_test_config_never_expire(kafka_boot
     assert {n: c["retention.ms"] for n, c in got.items()} == {n: "-1" for n in names}
     changelog = f"{app_id}-{faust_app.TABLE_NAME}-changelog"
     assert topic_configs(kafka_bootstrap, [changelog])[changelog]["cleanup.policy"] == "compact"
+
+
+def test_replay_creates_its_target_topics_so_that_they_never_expire(kafka_bootstrap, tmp_path,
+                                                                     monkeypatch):
+    """``replay --to-topic`` / ``--to-kafka`` into topics that do not exist yet: the broker
+    would auto-create them with its default 7-day retention and delete the old records."""
+    from drivers_support import window_scenario
+
+    from ncclwatch import cli
+    from ncclwatch.records import to_json
+
+    for k, v in topics_env(kafka_bootstrap).items():
+        monkeypatch.setenv(k, v)
+    src = tmp_path / "run.jsonl"
+    src.write_text("".join(to_json(r) + "\n" for r in window_scenario("job-r", seconds=5)))
+    target = testing.unique_name("replay-target")
+    assert cli.main(["replay", "--files", str(src), "--to-topic", target, "--no-progress"]) == 0
+    prefix = testing.unique_name("again") + "."
+    assert cli.main(["replay", "--files", str(src), "--to-kafka", "--topic-prefix", prefix,
+                     "--no-progress"]) == 0
+    got = topic_configs(kafka_bootstrap, [target])
+    assert got[target]["retention.ms"] == "-1"
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="ncclwatch-test-retention")
+    try:
+        created = [t for t in admin.list_topics() if t.startswith(prefix)]
+    finally:
+        admin.close()
+    assert created
+    assert all(v["retention.ms"] == "-1" for v in topic_configs(kafka_bootstrap, created).values())

@@ -158,3 +158,17 @@ def test_watch_tails_a_live_spool_and_saves_state_on_sigterm(tmp_path):
 def test_watch_on_a_missing_spool_fails_clearly(tmp_path, capsys, bad):
     assert cli.main(["watch", str(tmp_path / bad), "--once", "--metrics-port", "-1"]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_the_events_file_is_private_whatever_the_umask(tmp_path):
+    spool = tmp_path / "spool"
+    write_spool(spool)
+    out = tmp_path / "new-dir" / "events.jsonl"
+    old = os.umask(0)
+    try:
+        assert cli.main(["watch", str(spool), "--once", "--events-out", str(out),
+                         "--metrics-port", "-1"]) == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o600
+    assert out.parent.stat().st_mode & 0o777 == 0o700
