@@ -11,7 +11,7 @@ ncclwatch_busbw_observed_gbs          gauge      job, comm, op, size_bucket, tra
 ncclwatch_busbw_baseline_gbs          gauge      job, comm, op, size_bucket, transport
 ncclwatch_degradation_ratio           gauge      job, comm, op, size_bucket, transport (effect)
 ncclwatch_exec_seconds                histogram  job, op, transport (window median exec)
-ncclwatch_anomaly_active              gauge      job, type, comm, op, size_bucket, transport, rank
+ncclwatch_anomaly_active              gauge      job, type, comm, op, size_bucket, transport, rank, severity
 ncclwatch_anomalies_total             counter    job, type, severity
 ncclwatch_job_tflops_per_gpu          gauge      job
 ncclwatch_rank_relative_exec          gauge      job, comm, rank (straggler score)
@@ -51,7 +51,8 @@ from ncclwatch.records import AnomalyEvent
 
 COUNTED_IDS = 100_000  # anomaly ids remembered so each is counted once
 KEY_LABELS = ("job", "comm", "op", "size_bucket", "transport")
-ANOMALY_LABELS = ("job", "type", "comm", "op", "size_bucket", "transport", "rank")
+# severity: the detector's, so Prometheus rules page exactly when the alert sink does
+ANOMALY_LABELS = ("job", "type", "comm", "op", "size_bucket", "transport", "rank", "severity")
 # 10 us .. ~100 s, factor ~3: NCCL ops span small-message latency to huge transfers.
 EXEC_BUCKETS = (
     1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0,
@@ -276,7 +277,7 @@ class DetectorMetrics:
         k = ev.key or {}
         labels = (
             ev.job, ev.type, k.get("comm") or "", k.get("op") or "", k.get("size_bucket") or "",
-            k.get("transport") or "", "" if ev.rank is None else str(ev.rank),
+            k.get("transport") or "", "" if ev.rank is None else str(ev.rank), ev.severity,
         )
         old = self._active.get(ev.id)
         if old != labels:

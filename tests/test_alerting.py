@@ -570,6 +570,32 @@ tests:
               description: "Relative execution time below 0.8 for at least 1m: this rank arrives late at every collective of its communicator and the others wait for it."
               runbook_url: "https://runbooks.example.com/ncclwatch/NcclStragglerRank.md"
               dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
+  # the attributed alerts carry the detector's severity: the same page as the alert sink
+  - interval: 15s
+    input_series:
+      - series: 'ncclwatch_anomaly_active{{job="llm", type="network_path", comm="", op="AllReduce", size_bucket="64MiB", transport="net", rank="", severity="critical", instance="w1:9466"}}'
+        values: '1x4'
+      - series: 'ncclwatch_anomaly_active{{job="llm2", type="intra_node", comm="0xb", op="AllGather", size_bucket="16MiB", transport="nvlink", rank="", severity="warning", instance="w1:9466"}}'
+        values: '1x4'
+    alert_rule_test:
+      - eval_time: 30s
+        alertname: NcclNetworkPathDegraded
+        exp_alerts:
+          - exp_labels: {{job: llm, type: network_path, comm: "", op: AllReduce, size_bucket: 64MiB, transport: net, rank: "", severity: critical, source: prometheus}}
+            exp_annotations:
+              summary: "Network path degraded in job llm: AllReduce 64MiB over net (comm )"
+              description: "The ncclwatch detector attributes a sustained bus bandwidth loss to the network path (only ranks whose traffic crosses the network are slow)."
+              runbook_url: "https://runbooks.example.com/ncclwatch/NcclNetworkPathDegraded.md"
+              dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
+      - eval_time: 30s
+        alertname: NcclIntraNodeDegraded
+        exp_alerts:
+          - exp_labels: {{job: llm2, type: intra_node, comm: "0xb", op: AllGather, size_bucket: 16MiB, transport: nvlink, rank: "", severity: warning, source: prometheus}}
+            exp_annotations:
+              summary: "Intra-node (NVLink/PCIe) degradation in job llm2: AllGather 16MiB (comm 0xb)"
+              description: "The ncclwatch detector attributes a sustained bus bandwidth loss to communication inside a node."
+              runbook_url: "https://runbooks.example.com/ncclwatch/NcclIntraNodeDegraded.md"
+              dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm2&var-comm=0xb&var-op=AllGather&var-transport=nvlink&from=now-1h&to=now"
   # a forwarder with data waiting and no ack for 1000 s alerts; an idle one does not
   - interval: 15s
     input_series:

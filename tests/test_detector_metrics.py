@@ -8,7 +8,7 @@ from ncclwatch.detectors.pipeline import Pipeline
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ncclwatch.config import DetectorConfig
-from ncclwatch.records import WindowSummary
+from ncclwatch.records import AnomalyEvent, WindowSummary
 
 S = 10**9
 NAMES = [
@@ -58,7 +58,8 @@ def test_every_documented_metric_is_exported_with_its_labels():
     assert 0.3 < ratio < 0.5 and abs(ratio - (1 - observed / baseline)) < 1e-9
     (ev,) = events
     assert sample(reg, "ncclwatch_anomaly_active", job=job, type="network_path", comm=comm,
-                  op="AllReduce", size_bucket="64MiB", transport="mixed", rank="") == 1.0
+                  op="AllReduce", size_bucket="64MiB", transport="mixed", rank="",
+                  severity=ev.severity) == 1.0
     assert sample(reg, "ncclwatch_anomalies_total", job=job, type="network_path",
                   severity=ev.severity) == 1.0
     assert sample(reg, "ncclwatch_job_tflops_per_gpu", job=job) > 200
@@ -139,7 +140,7 @@ def test_two_open_anomalies_sharing_a_series_keep_it_until_both_resolve():
                             evidence={})
 
     labels = dict(job="j", type="telemetry_loss", comm="", op="", size_bucket="",
-                  transport="", rank="")
+                  transport="", rank="", severity="warning")
     m.event(ev(1, "firing"))
     m.event(ev(2, "firing"))
     m.event(ev(1, "resolved"))
@@ -161,3 +162,23 @@ def test_window_with_unusual_label_values_is_exported_escaped():
                 exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=1.0, first_seq=t, last_seq=t))
     text = generate_latest(reg).decode()
     assert 'job="a\\"b\\\\c\\nd"' in text
+
+
+def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_rises():
+    """Prometheus rules take the alert's severity from this label: they page exactly when
+    the alert sink does."""
+    m = DetectorMetrics()
+    base = dict(id="a" * 16, type="network_path", job="j", key={"comm": "0x1", "op": "AllReduce",
+                "size_bucket": "64MiB", "transport": "net"}, host=None, rank=None, start_ns=1,
+                end_ns=None, detected_ns=2, baseline_busbw_gbs=None, observed_busbw_gbs=None,
+                effect=0.3, attribution="network", throughput_delta=None, evidence={})
+    labels = dict(job="j", type="network_path", comm="0x1", op="AllReduce", size_bucket="64MiB",
+                  transport="net", rank="")
+    m.event(AnomalyEvent(state="firing", severity="warning", **base))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active",
+                                       {**labels, "severity": "warning"}) == 1.0
+    m.event(AnomalyEvent(state="firing", severity="critical", **base))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active",
+                                       {**labels, "severity": "warning"}) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active",
+                                       {**labels, "severity": "critical"}) == 1.0
