@@ -1,0 +1,130 @@
+"""Side by side: an older commit against the working tree, interleaved runs.
+
+Each repeat runs one benchmark once with the old commit's ``ncclwatch`` and once with
+the working tree's, in alternating order, each in a fresh process, so both see the same
+machine noise:
+
+- ``--what forward``: ``bench/ingest/bench_forward.py``'s ``one_run`` (a synthetic spool
+  -> the real local Kafka broker), op records per CPU-second;
+- ``--what pipeline``: one ``Pipeline`` over a suite scenario's records (generation not
+  timed), window summaries per CPU-second.
+
+    .venv/bin/python bench/ab.py OLD_COMMIT --what forward [--repeats 6] [--records 60000]
+        [--config 100,lz4,2000]
+    .venv/bin/python bench/ab.py OLD_COMMIT --what pipeline [--scenario steady_2x8]
+
+The old commit is checked out with ``git worktree`` under a temporary directory and
+imported through a symlink shim with the editable install's finder removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD_PIPELINE = r"""
+import json, sys, time
+shim = sys.argv[1]
+if shim:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, shim)
+from ncclwatch.config import DetectorConfig
+from ncclwatch.detectors import pipeline, scenarios
+records, _ = scenarios.generate(scenarios.by_name(sys.argv[2]))
+windows = sum(1 for r in records if r.KIND == "window")
+t = time.process_time()
+p = pipeline.Pipeline(DetectorConfig())
+for r in records:
+    p.process(r)
+p.flush()
+print(json.dumps({"cpu_s": time.process_time() - t, "records": windows,
+                  "module": pipeline.__file__}))
+"""
+
+CHILD = r"""
+import json, sys
+shim = sys.argv[1]
+if shim:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, shim)
+sys.path.insert(0, sys.argv[2])
+import bench_forward as b
+import ncclwatch.ingest.forward as fwd
+per, codec, batch = sys.argv[4].split(",")
+cpu, wall, n = b.one_run(sys.argv[5], sys.argv[3], int(sys.argv[6]) // 8 * 8, int(per), codec,
+                         int(batch))
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "records": n, "module": fwd.__file__}))
+"""
+
+
+def shim_for(tree: Path, dest: Path) -> Path:
+    pkg = dest / "ncclwatch"
+    pkg.mkdir(parents=True)
+    for f in (tree / "ncclwatch").iterdir():
+        (pkg / f.name).symlink_to(f)
+    for sub in ("ingest", "detectors", "alerting", "dashboards"):
+        (pkg / sub).symlink_to(tree / sub)
+    return dest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("old")
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--records", type=int, default=60000)
+    ap.add_argument("--config", default="100,lz4,2000", help="ops_per_message,codec,batch")
+    ap.add_argument("--what", choices=("forward", "pipeline"), default="forward")
+    ap.add_argument("--scenario", default="steady_2x8")
+    args = ap.parse_args()
+    from ncclwatch.ingest.synth import write_spool
+
+    from ncclwatch import testing
+
+    bootstrap = testing.ensure_started("kafka").kafka_bootstrap if args.what == "forward" else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_p = Path(tmp)
+        tree = tmp_p / "old"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree),
+                        args.old], check=True)
+        try:
+            shim = shim_for(tree, tmp_p / "shim")
+            spool = tmp_p / "spool"
+            # the spool bench_forward.py uses
+            if args.what == "forward":
+                write_spool(str(spool), streams=8, ops_per_stream=args.records // 8,
+                            segment_ops=5000, comms=4)
+            rates: dict[str, list[float]] = {"old": [], "new": []}
+            for i in range(args.repeats):
+                order = ("old", "new") if i % 2 == 0 else ("new", "old")
+                for side in order:
+                    shim_arg = str(shim) if side == "old" else ""
+                    cmd = ([sys.executable, "-c", CHILD, shim_arg, str(ROOT / "bench" / "ingest"),
+                            str(spool), args.config, bootstrap, str(args.records)]
+                           if args.what == "forward" else
+                           [sys.executable, "-c", CHILD_PIPELINE, shim_arg, args.scenario])
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
+                    assert ("/shim/" in r["module"]) == (side == "old"), r["module"]
+                    rates[side].append(r["records"] / r["cpu_s"])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)])
+    diffs = [n / o - 1 for o, n in zip(rates["old"], rates["new"], strict=True)]
+    for side in ("old", "new"):
+        v = rates[side]
+        unit = "op records" if args.what == "forward" else "windows"
+        print(f"{side}: median {statistics.median(v):,.0f} {unit}/CPU-s, "
+              f"min {min(v):,.0f}, max {max(v):,.0f} ({len(v)} runs)")
+    print("new/old - 1 per repeat: " + ", ".join(f"{d:+.1%}" for d in diffs)
+          + f"; median {statistics.median(diffs):+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
