@@ -618,7 +618,7 @@ class Pipeline:
                       "spread_effect": round(spread_effect, 6)},
         )
         member = (*ks.tuple, "spread")
-        inc = job.find("straggler", v.scope)
+        inc = self._find_live(job, "straggler", v.scope)
         start = ks.spread_rule.start_ns if ks.spread_rule.start_ns is not None else job.watermark
         b = ks.baseline.baseline
         if inc is None:
