@@ -581,7 +581,7 @@ tests:
       - eval_time: 30s
         alertname: NcclNetworkPathDegraded
         exp_alerts:
-          - exp_labels: {{job: llm, type: network_path, comm: "", op: AllReduce, size_bucket: 64MiB, transport: net, rank: "", severity: critical, source: prometheus}}
+          - exp_labels: {{job: llm, type: network_path, op: AllReduce, size_bucket: 64MiB, transport: net, severity: critical, source: prometheus}}
             exp_annotations:
               summary: "Network path degraded in job llm: AllReduce 64MiB over net (comm )"
               description: "The ncclwatch detector attributes a sustained bus bandwidth loss to the network path (only ranks whose traffic crosses the network are slow)."
@@ -590,7 +590,7 @@ tests:
       - eval_time: 30s
         alertname: NcclIntraNodeDegraded
         exp_alerts:
-          - exp_labels: {{job: llm2, type: intra_node, comm: "0xb", op: AllGather, size_bucket: 16MiB, transport: nvlink, rank: "", severity: warning, source: prometheus}}
+          - exp_labels: {{job: llm2, type: intra_node, comm: "0xb", op: AllGather, size_bucket: 16MiB, transport: nvlink, severity: warning, source: prometheus}}
             exp_annotations:
               summary: "Intra-node (NVLink/PCIe) degradation in job llm2: AllGather 16MiB (comm 0xb)"
               description: "The ncclwatch detector attributes a sustained bus bandwidth loss to communication inside a node."
