@@ -14,21 +14,17 @@ global batch, else ``tokens_per_step``. The class derives from ``TrainerCallback
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ncclwatch.ingest.tflops import TflopsMeter, dense_flops_per_token
+from ncclwatch.ingest.tflops import StepReporter, TflopsMeter, dense_flops_per_token
 from ncclwatch.ingest.throughput import report_throughput
 
 try:
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - depends on what the training image has
     TrainerCallback = object  # transformers absent: nothing will call the hooks
-
-log = logging.getLogger(__name__)
 
 
 class NcclwatchTrainerCallback(TrainerCallback):
@@ -64,8 +60,10 @@ class NcclwatchTrainerCallback(TrainerCallback):
         report: Callable[..., None] = report_throughput,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps!r}")
+        self._reporter = StepReporter(
+            report, every_n_steps=every_n_steps, all_ranks=all_ranks,
+            missing="set include_num_input_tokens_seen=True, or give "
+                    "NcclwatchTrainerCallback seq_len, tokens_per_step or flops_per_step")
         self.flops_per_step = flops_per_step
         self.flops_per_token = flops_per_token
         self.tokens_per_step = tokens_per_step
@@ -77,7 +75,6 @@ class NcclwatchTrainerCallback(TrainerCallback):
         self._meter: TflopsMeter | None = None
         self._tokens_seen = 0
         self._world = 1
-        self._warned = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         per_token = self.flops_per_token
@@ -109,25 +106,6 @@ class NcclwatchTrainerCallback(TrainerCallback):
             return
         tokens = self._step_tokens(args, state)
         self._meter.add(tokens=None if tokens is None else tokens / self._world)
-        result = self._meter.finish_step()
-        if result is None:
-            self._warn_once()
-            return
-        step = state.global_step
-        if step % self.every_n_steps or not (self.all_ranks or state.is_world_process_zero):
-            return
-        tflops, tokens_per_s = result
-        self.report(
-            tflops,
-            step,
-            tokens_per_s=None if tokens_per_s is None else tokens_per_s * self._world,
-            rank=args.process_index if self.all_ranks else -1,
-        )
-
-    def _warn_once(self) -> None:
-        if not self._warned:
-            self._warned = True
-            msg = ("ncclwatch: cannot compute TFLOP/s: set include_num_input_tokens_seen=True, or "
-                   "give NcclwatchTrainerCallback seq_len, tokens_per_step or flops_per_step")
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            log.warning(msg)
+        self._reporter.step_done(self._meter.finish_step(), step=state.global_step,
+                                 is_main=state.is_world_process_zero, rank=args.process_index,
+                                 world=self._world)

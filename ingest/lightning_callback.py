@@ -13,13 +13,11 @@ module imports without it, so ncclwatch itself never depends on a framework.
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ncclwatch.ingest.tflops import TflopsMeter, dense_flops_per_token
+from ncclwatch.ingest.tflops import StepReporter, TflopsMeter, dense_flops_per_token
 from ncclwatch.ingest.throughput import report_throughput
 
 try:
@@ -29,8 +27,6 @@ except ImportError:  # pragma: no cover - depends on what the training image has
         from pytorch_lightning.callbacks import Callback
     except ImportError:
         Callback = object  # Lightning absent: nothing will call the hooks
-
-log = logging.getLogger(__name__)
 
 
 def batch_tokens(batch: Any) -> int | None:
@@ -77,8 +73,10 @@ class NcclwatchCallback(Callback):
         report: Callable[..., None] = report_throughput,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps!r}")
+        self._reporter = StepReporter(
+            report, every_n_steps=every_n_steps, all_ranks=all_ranks,
+            missing="give NcclwatchCallback flops_per_batch, or tokens_per_batch "
+                    "(batches without input_ids)")
         super().__init__()
         self.flops_per_batch = flops_per_batch
         self.flops_per_token = flops_per_token
@@ -90,7 +88,6 @@ class NcclwatchCallback(Callback):
         self._meter: TflopsMeter | None = None
         self._step = 0
         self._world = 1
-        self._warned = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         per_token = self.flops_per_token
@@ -120,24 +117,6 @@ class NcclwatchCallback(Callback):
         if step == self._step:  # accumulating gradients: the optimizer has not stepped
             return
         self._step = step
-        result = self._meter.finish_step()
-        if result is None:
-            self._warn_once()
-            return
-        if step % self.every_n_steps or not (self.all_ranks or trainer.is_global_zero):
-            return
-        tflops, tokens_per_s = result
-        self.report(
-            tflops,
-            step,
-            tokens_per_s=None if tokens_per_s is None else tokens_per_s * self._world,
-            rank=trainer.global_rank if self.all_ranks else -1,
-        )
-
-    def _warn_once(self) -> None:
-        if not self._warned:
-            self._warned = True
-            msg = ("ncclwatch: cannot compute TFLOP/s: give NcclwatchCallback flops_per_batch, "
-                   "or tokens_per_batch (batches without input_ids)")
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            log.warning(msg)
+        self._reporter.step_done(self._meter.finish_step(), step=step,
+                                 is_main=trainer.is_global_zero, rank=trainer.global_rank,
+                                 world=self._world)

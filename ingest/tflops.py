@@ -11,8 +11,12 @@ one GPU (Lightning's ``measure_flops`` gives them), or the FLOPs per token and t
 
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 DENSE_FLOPS_PER_PARAM_TOKEN = 6  # forward 2 + backward 4 (Kaplan et al. 2020)
 
@@ -104,3 +108,59 @@ def dense_flops_per_token(parameters: int) -> float:
     42000000000.0
     """
     return float(DENSE_FLOPS_PER_PARAM_TOKEN * parameters)
+
+
+class StepReporter:
+    """What a framework callback does once an optimizer step ended: the meter's TFLOP/s
+    go to ``report`` every ``every_n_steps`` steps from the reporting rank, or one
+    warning (never an exception in the training loop) when they cannot be computed.
+
+    Parameters
+    ----------
+    report
+        ``report_throughput`` or a stand-in.
+    every_n_steps
+        Report every n-th optimizer step.
+    all_ranks
+        Every rank reports its own rank; else only the main one, as the job (``rank=-1``).
+    missing
+        The warning when TFLOP/s cannot be computed: what the user should give.
+
+    Examples
+    --------
+    >>> got = []
+    >>> r = StepReporter(lambda *a, **k: got.append((a, k)), every_n_steps=2, all_ranks=False,
+    ...                  missing="give flops")
+    >>> r.step_done((300.0, 1000.0), step=2, is_main=True, rank=0, world=8)
+    >>> r.step_done((300.0, 1000.0), step=3, is_main=True, rank=0, world=8)  # not every 2nd
+    >>> got
+    [((300.0, 2), {'tokens_per_s': 8000.0, 'rank': -1})]
+    """
+
+    def __init__(self, report: Callable[..., None], *, every_n_steps: int, all_ranks: bool,
+                 missing: str):
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps!r}")
+        self.report = report
+        self.every_n_steps = every_n_steps
+        self.all_ranks = all_ranks
+        self.missing = missing
+        self._warned = False
+
+    def step_done(self, result: tuple[float, float | None] | None, *, step: int, is_main: bool,
+                  rank: int, world: int) -> None:
+        """``result``: the meter's ``finish_step()``; tokens/s is per GPU, reported for
+        the job (times ``world``)."""
+        if result is None:
+            if not self._warned:
+                self._warned = True
+                msg = f"ncclwatch: cannot compute TFLOP/s: {self.missing}"
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                log.warning(msg)
+            return
+        if step % self.every_n_steps or not (self.all_ranks or is_main):
+            return
+        tflops, tokens_per_s = result
+        self.report(tflops, step,
+                    tokens_per_s=None if tokens_per_s is None else tokens_per_s * world,
+                    rank=rank if self.all_ranks else -1)
