@@ -24,7 +24,9 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -446,3 +448,53 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class WebhookReceiver:
+    """An on-call webhook on 127.0.0.1: records Alertmanager's notifications as
+    (receiver path, payload), for the tests and the reliability script."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
+        self._cond = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._cond:
+                    outer.calls.append((self.path, body))
+                    outer._cond.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, job: str) -> list[tuple[str, dict]]:
+        """(receiver path, alert) for every notified alert of one job, in arrival order."""
+        with self._cond:
+            return [(path, a) for path, body in self.calls for a in body["alerts"]
+                    if a["labels"].get("job") == job]
+
+    def wait(self, job: str, pred: Callable[[str, dict], bool], timeout_s: float = 20.0) -> dict:
+        """The first notified alert of ``job`` matching ``pred(path, alert)``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for path, a in self.alerts(job):
+                    if pred(path, a):
+                        return {"path": path, **a}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    got = [(p, a["labels"]["alertname"], a["status"]) for p, a in self.alerts(job)]
+                    raise AssertionError(f"nothing matching for {job} in {timeout_s}s: {got}")
+                self._cond.wait(left)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -16,10 +16,8 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -44,58 +42,6 @@ ALERTING = Path(__file__).resolve().parent.parent / "alerting"
 SHIPPED_HOOK_BASE = "https://oncall.example.com/hooks/ncclwatch"
 
 
-# --- a webhook receiver -----------------------------------------------------------------
-
-
-class Webhook:
-    """Records Alertmanager's webhook notifications: (receiver path, payload)."""
-
-    def __init__(self):
-        self.calls: list[tuple[str, dict]] = []
-        self._cond = threading.Condition()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer._cond:
-                    outer.calls.append((self.path, body))
-                    outer._cond.notify_all()
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def alerts(self, job: str) -> list[tuple[str, dict]]:
-        """(receiver path, alert) for every notified alert of one job, in arrival order."""
-        with self._cond:
-            return [(path, a) for path, body in self.calls for a in body["alerts"]
-                    if a["labels"].get("job") == job]
-
-    def wait(self, job: str, pred: Callable[[str, dict], bool], timeout_s: float = 20.0) -> dict:
-        """The first notified alert of ``job`` matching ``pred(path, alert)``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                for path, a in self.alerts(job):
-                    if pred(path, a):
-                        return {"path": path, **a}
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    got = [(p, a["labels"]["alertname"], a["status"]) for p, a in self.alerts(job)]
-                    raise AssertionError(f"nothing matching for {job} in {timeout_s}s: {got}")
-                self._cond.wait(left)
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def shortened_am_config(hook_url: str) -> str:
     """The shipped Alertmanager config, receivers pointed at ``hook_url``, timings short."""
     text = (ALERTING / "alertmanager.yml").read_text()
@@ -108,14 +54,14 @@ def shortened_am_config(hook_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
+def webhook() -> Iterator[testing.WebhookReceiver]:
+    hook = testing.WebhookReceiver()
     yield hook
     hook.close()
 
 
 @pytest.fixture(scope="module")
-def am(services: testing.Services, webhook: Webhook) -> Iterator[str]:
+def am(services: testing.Services, webhook: testing.WebhookReceiver) -> Iterator[str]:
     """Alertmanager running the shipped routing with our webhook; restored afterwards."""
     path = services.alertmanager_config_file
     original = path.read_text()
@@ -126,7 +72,7 @@ def am(services: testing.Services, webhook: Webhook) -> Iterator[str]:
     testing.reload(testing.Services.from_env_file().alertmanager_url)
 
 
-def install_am_config(services: testing.Services, webhook: Webhook) -> None:
+def install_am_config(services: testing.Services, webhook: testing.WebhookReceiver) -> None:
     path = services.alertmanager_config_file
     tmp = path.with_name(path.name + ".ncclwatch-test")
     tmp.write_text(shortened_am_config(webhook.url))

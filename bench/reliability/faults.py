@@ -34,9 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from ncclwatch.ingest.synth import stream_lines
@@ -257,28 +255,8 @@ def run_poison(work: Path) -> dict:
             "poison_lines": len(poison), "quarantined": quarantined}
 
 
-class Webhook:
-    def __init__(self):
-        self.calls: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls.append(body)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def notified(self, job: str) -> list[tuple[str, str]]:
-        return [(a["labels"]["anomaly_id"], a["status"]) for b in self.calls for a in b["alerts"]
-                if a["labels"].get("job") == job]
+def notified(hook: testing.WebhookReceiver, job: str) -> list[tuple[str, str]]:
+    return [(a["labels"]["anomaly_id"], a["status"]) for _, a in hook.alerts(job)]
 
 
 def run_am_outage(work: Path) -> dict:
@@ -290,7 +268,7 @@ def run_am_outage(work: Path) -> dict:
     from ncclwatch.records import from_json
 
     services = testing.ensure_started("alertmanager")
-    hook = Webhook()
+    hook = testing.WebhookReceiver()
     path = services.alertmanager_config_file
     original = path.read_text()
     text = (REPO / "alerting" / "alertmanager.yml").read_text()
@@ -330,7 +308,7 @@ def run_am_outage(work: Path) -> dict:
         first = None
         for ev in events[3:]:
             sink.handle(from_json({**json.loads(_to_json(ev)), "state": "resolved", "end_ns": time.time_ns()}))
-        while time.monotonic() - back < 60 and (sink.stats()["outbox"] or len(hook.notified(job)) < 12):
+        while time.monotonic() - back < 60 and (sink.stats()["outbox"] or len(notified(hook, job)) < 12):
             sink.tick()
             if first is None and sink.sent:
                 first = time.monotonic() - back
@@ -340,7 +318,7 @@ def run_am_outage(work: Path) -> dict:
         gate.close()
         path.write_text(original)
         testing.reload(testing.Services.from_env_file().alertmanager_url)
-    got = hook.notified(job)
+    got = notified(hook, job)
     counts = collections.Counter(got)
     expected = {(ev.id, s) for ev in events for s in ("firing", "resolved")}
     in_order = all(got.index((ev.id, "firing")) < got.index((ev.id, "resolved"))
