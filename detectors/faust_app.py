@@ -166,6 +166,23 @@ def ensure_topics(cfg: Config, app_id: str) -> None:
         admin.close()
 
 
+def _ensure_topics_or_exit(cfg: Config, app_id: str) -> None:
+    """``ensure_topics``, ending the worker with one clear line (not a traceback) when
+    Kafka cannot be reached or refuses the credentials."""
+    from kafka.errors import KafkaError
+    from ncclwatch.ingest.kafka_sink import auth_failure_message, describe, watching_auth
+
+    with watching_auth() as w:
+        try:
+            ensure_topics(cfg, app_id)
+        except KafkaError as e:
+            if w.seen:
+                raise SystemExit(f"ncclwatch worker: {auth_failure_message(cfg.kafka, w.seen, 1)}") from None
+            raise SystemExit(f"ncclwatch worker: cannot reach Kafka ({describe(cfg.kafka)}): "
+                             f"{type(e).__name__}; check kafka.bootstrap_servers and that the "
+                             "brokers are up") from None
+
+
 def _describe(admin: Any, names: list[str], timeout_s: float = 10.0) -> list[dict]:
     """Topic descriptions once the metadata of freshly created topics has spread."""
     deadline = time.monotonic() + timeout_s
@@ -683,7 +700,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
 
     app_id = args.app_id or cfg.topics.prefix + DEFAULT_APP_ID
     args.app_id = app_id
-    ensure_topics(cfg, app_id)
+    _ensure_topics_or_exit(cfg, app_id)
     datadir = args.data_dir if args.data_dir is not None else cfg.detector.worker_data_dir
     scratch = None
     if not datadir:

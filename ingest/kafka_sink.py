@@ -99,31 +99,54 @@ def auth_failure_message(kafka: KafkaConfig, error: str, attempts: int) -> str:
             "kafka.sasl_plain_username / sasl_plain_password (or the SSL settings)")
 
 
+def any_listening(bootstrap_servers: str, timeout_s: float = 2.0) -> bool:
+    """Whether any ``host:port`` of a bootstrap list accepts a TCP connection: a silent
+    bootstrap failure against a listening broker is not an unreachable one."""
+    import socket
+
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def check_credentials(kafka: KafkaConfig, *, attempts: int = 3, bootstrap_timeout_s: float = 5.0,
-                      pause_s: float = 1.0) -> str:
-    """Empty when Kafka accepts the credentials or cannot be reached (that is retried
-    elsewhere), else why it refused them ``attempts`` times in a row.
+                      pause_s: float = 1.0, silent_tries: int = 2) -> str:
+    """Empty when Kafka accepts the credentials or cannot be reached (the caller says so
+    in its own words), else why it refused them ``attempts`` times in a row.
 
     After a first refusal, a broker slows down and drops the next handshakes of the same
     client (``connection.failed.authentication.delay.ms``) without saying why again: a
-    failure then counts as a refusal too.
+    failure then counts as a refusal too. Before any refusal, a try that times out
+    silently (a loaded machine, a broker still starting) is tried again, ``silent_tries``
+    times at most, with twice the timeout each time.
     """
     from kafka.admin import KafkaAdminClient
 
     error = ""
-    for i in range(attempts):
+    refusals = silent = 0
+    timeout_s = bootstrap_timeout_s
+    while refusals < attempts:
         with watching_auth() as w:
             try:
-                admin = KafkaAdminClient(**kafka.client_kwargs(),
-                                         bootstrap_timeout_ms=int(bootstrap_timeout_s * 1000))
+                admin = KafkaAdminClient(**kafka.client_kwargs(), bootstrap_timeout_ms=int(timeout_s * 1000))
                 admin.close()
                 return ""
             except Exception:  # unreachable, or refused: only a refusal counts here
-                if not (w.seen or error):
-                    return ""
                 error = w.seen or error
-        log.warning("event=kafka_auth_failed attempt=%d/%d error=%s", i + 1, attempts, error)
-        if i + 1 < attempts:
+        if not error:
+            silent += 1
+            if silent > silent_tries or not any_listening(kafka.bootstrap_servers):
+                return ""
+            timeout_s *= 2
+            continue
+        refusals += 1
+        log.warning("event=kafka_auth_failed attempt=%d/%d error=%s", refusals, attempts, error)
+        if refusals < attempts:
             time.sleep(pause_s)
     return auth_failure_message(kafka, error, attempts)
 

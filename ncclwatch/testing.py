@@ -343,7 +343,7 @@ class PrivateKafka:
         if not list(libs.glob("kafka_2.13-*.jar")):
             raise ServicesError(f"Kafka jars missing in {libs}: run scripts/setup.sh")
         self.java = ["java", heap, "-XX:+UseG1GC", "-cp", f"{libs}/*"]
-        self.port, self.controller_port = _free_port(), _free_port()
+        self.port, self.controller_port = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._log = None
@@ -444,7 +444,8 @@ class PrivateKafka:
         self.stop()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -64,13 +63,6 @@ def bcrypt(password: str) -> str:
         return c.crypt(password, c.mksalt(c.METHOD_BLOWFISH))
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 @dataclasses.dataclass
 class SecureAM:
@@ -98,7 +90,7 @@ def secure_am(tmp_path_factory) -> Iterator[SecureAM]:
         f"basic_auth_users:\n  ncclwatch: '{bcrypt(PASSWORD)}'\n"
     )
     (d / "am.yml").write_text("route:\n  receiver: 'null'\nreceivers:\n  - name: 'null'\n")
-    port = free_port()
+    port = testing.free_port()
     log = open(d / "alertmanager.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [ALERTMANAGER, f"--config.file={d / 'am.yml'}", f"--web.config.file={d / 'web.yml'}",

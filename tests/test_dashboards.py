@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -272,11 +271,6 @@ DEMO_COMMS = {f"0x00000000000000{c}" for c in ("a0", "a1", "b0", "b1", "c0")}
 INSPECTOR_FIXTURE = REPO / "tests" / "fixtures" / "inspector"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Targets:
     """Scrape targets in the services' shared file_sd file (read-modify-write under a lock)."""
@@ -363,7 +357,7 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
         **{f"NCCLWATCH_TOPICS_{k.upper()}": v for k, v in topics.items()},
     }
     env.pop("NCCLWATCH_CONFIG", None)
-    watch_port, forward_port = free_port(), free_port()
+    watch_port, forward_port = testing.free_port(), testing.free_port()
     cli = [sys.executable, "-m", "ncclwatch.cli"]
     logs = {n: open(tmp / f"{n}.log", "w") for n in ("watch", "forward")}  # noqa: SIM115
     procs = {

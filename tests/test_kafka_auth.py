@@ -52,6 +52,13 @@ def test_right_credentials_pass_the_check_and_wrong_ones_are_named(sasl_bootstra
     assert "wrong-pw" not in why
 
 
+def test_a_refusal_slower_than_the_bootstrap_timeout_is_still_named(sasl_bootstrap):
+    # A loaded machine: the first tries time out before the broker answers the handshake.
+    why = kafka_sink.check_credentials(kafka_config(sasl_bootstrap, "wrong-pw"), attempts=2, pause_s=0.1,
+                                       bootstrap_timeout_s=0.005, silent_tries=12)
+    assert "refused the credentials 2 time(s)" in why
+
+
 def test_worker_with_wrong_credentials_exits_1_with_a_clear_message(sasl_bootstrap):
     env = {**os.environ, **env_of(sasl_bootstrap, "wrong-pw"), "NCCLWATCH_DETECTOR_METRICS_PORT": "-1"}
     t0 = time.monotonic()
@@ -73,3 +80,13 @@ def test_forwarder_with_wrong_credentials_exits_1_and_keeps_the_spool(sasl_boots
     assert "ncclwatch forward: Kafka refused the credentials 5 time(s)" in done.stderr
     assert "wrong-pw" not in done.stderr + done.stdout
     assert all(Path(p).exists() for p in paths)  # nothing was deleted: it was never sent
+
+
+def test_worker_with_no_broker_listening_exits_1_with_a_clear_message(tmp_path):
+    env = {**os.environ, "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{testing.free_port()}",
+           "NCCLWATCH_DETECTOR_METRICS_PORT": "-1", **testing.RECORDED_TOPICS_ENV}
+    done = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "worker", "--app-id", testing.unique_name("app")],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "ncclwatch worker: cannot reach Kafka (bootstrap_hosts=1" in done.stderr
+    assert "Traceback" not in done.stderr
