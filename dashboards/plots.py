@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -18,11 +17,18 @@ matplotlib.use("Agg")  # before pyplot: reports are written on headless machines
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from ncclwatch.dashboards.run import (  # noqa: E402
+    Interval,
+    Key,
+    Run,
+    comm_label,
+    comms_by_size,
+    key_series,
+    rank_matrix,
+    top_keys,
+)
 
 from ncclwatch.rules import NETWORK_TRANSPORTS  # noqa: E402
-
-if TYPE_CHECKING:
-    from ncclwatch.dashboards.report import Interval, Key, Run
 
 SEVERITY_COLOR = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#9467bd"}
 NETWORK_COLOR = "#e6550d"
@@ -106,7 +112,6 @@ def _reference(run: Run, key: Key, series) -> float:
 
 def overview(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
     """Throughput on top, every key's busbw relative to its baseline below, anomalies shaded."""
-    from ncclwatch.dashboards.report import key_series, top_keys
 
     keys = top_keys(run, job, max_keys)
     if not keys and not run.throughput.get(job):
@@ -168,7 +173,6 @@ def overview(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
 
 def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
     """One small plot per key: busbw median and rank spread, baseline, throughput overlaid."""
-    from ncclwatch.dashboards.report import key_series, top_keys
 
     chosen = top_keys(run, job, max_keys)
     if not chosen:
@@ -258,7 +262,6 @@ def keys(run: Run, job: str, path: Path, max_keys: int = 12) -> bool:
 
 def ranks(run: Run, job: str, path: Path, max_comms: int = 4) -> bool:
     """Per-rank relative exec time for the largest communicators: a straggler stays red."""
-    from ncclwatch.dashboards.report import comm_label, comms_by_size, rank_matrix
 
     comms = comms_by_size(run, job)[:max_comms]
     if not comms:

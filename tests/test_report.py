@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from ncclwatch.dashboards.demo import write_demo_spool
-from ncclwatch.dashboards.report import Interval, anomaly_intervals
+from ncclwatch.dashboards.run import Interval, anomaly_intervals
 
 from ncclwatch import cli
 from ncclwatch.records import AnomalyEvent, to_json

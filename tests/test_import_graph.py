@@ -1,0 +1,156 @@
+"""Imports run downhill: contract → sources, detector library and sinks → runners.
+
+The package-dir mapping (``ncclwatch.detectors`` lives in ``detectors/``) hides these
+edges from tools, and an import inside a function is still a dependency: this test reads
+every import of the shipped modules, at any depth, from the source, and fails on an upward
+import, an import across sibling components, product code importing test support, or a
+cycle. ``LAYERS`` is the whole design, in one table; docs/architecture.md draws it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = {"ncclwatch": "ncclwatch", "ingest": "ncclwatch.ingest", "detectors": "ncclwatch.detectors",
+                "alerting": "ncclwatch.alerting", "dashboards": "ncclwatch.dashboards"}
+
+CONTRACT, LIBRARY, RUNNER, SUPPORT = 0, 1, 2, 3
+# Modules not named here take their component's default (below).
+LAYERS: dict[str, int] = {
+    # the contract: records, routing rules, configuration and the small shared helpers
+    "ncclwatch.records": CONTRACT, "ncclwatch.rules": CONTRACT, "ncclwatch.config": CONTRACT,
+    "ncclwatch.redact": CONTRACT, "ncclwatch.private": CONTRACT, "ncclwatch.progress": CONTRACT,
+    # runners: the commands, the Faust app, the local mode, replay and evaluation
+    "ncclwatch": RUNNER,  # the package's training-process API (report_throughput)
+    "ncclwatch.cli": RUNNER, "ncclwatch.config_cmd": RUNNER, "ncclwatch.plugin_cmd": RUNNER,
+    "ncclwatch.ingest.forward": RUNNER,
+    "ncclwatch.detectors.watch": RUNNER, "ncclwatch.detectors.faust_app": RUNNER,
+    "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.drivers": RUNNER,
+    "ncclwatch.detectors.drain": RUNNER, "ncclwatch.detectors.evaluate": RUNNER,
+    "ncclwatch.dashboards.report": RUNNER, "ncclwatch.alerting.alert_test": RUNNER,
+    "ncclwatch.alerting.prom_rules": RUNNER,
+    # test data and test services: shipped for now, never imported by product code
+    "ncclwatch.testing": SUPPORT, "ncclwatch.detectors.scenarios": SUPPORT,
+    "ncclwatch.ingest.synth": SUPPORT, "ncclwatch.dashboards.demo": SUPPORT,
+}
+# Library components may use the contract and their own modules; sinks may also read the
+# detector library's results (e.g. the report's per-rank relative exec time).
+MAY_USE = {"ingest": {"ingest"}, "detectors": {"detectors"}, "alerting": {"alerting"},
+           "dashboards": {"dashboards", "detectors"}}
+
+
+def component(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in MAY_USE else "ncclwatch"
+
+
+def layer(module: str) -> int:
+    return LAYERS.get(module, CONTRACT if component(module) == "ncclwatch" else LIBRARY)
+
+
+def shipped_modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((REPO / folder).glob("*.py")):
+            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return out
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Our modules that ``path`` imports, at any depth (function bodies and
+    ``TYPE_CHECKING`` blocks included: both are dependencies)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                if name in modules:
+                    found.add(name)
+                elif node.module in modules:
+                    found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+    return found
+
+
+MODULES = shipped_modules()
+GRAPH = {m: imports_of(p, MODULES) - {m} for m, p in MODULES.items()}
+
+
+def why_not(src: str, dst: str) -> str:
+    """Empty when ``src`` may import ``dst``, else the rule it breaks."""
+    ls, ld = layer(src), layer(dst)
+    if ld == SUPPORT and ls != SUPPORT:
+        return "product code imports test support"
+    if ls in (SUPPORT, RUNNER):
+        return ""
+    if ld > ls:
+        return "upward import"
+    if ls == LIBRARY and ld == LIBRARY and component(dst) not in MAY_USE[component(src)]:
+        return "import across library components"
+    return ""
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_scan_sees_the_package():
+    assert {"ncclwatch.records", "ncclwatch.detectors.pipeline", "ncclwatch.ingest.forward"} <= set(MODULES)
+    assert "ncclwatch.records" in GRAPH["ncclwatch.detectors.pipeline"]
+    # an import inside a function body counts
+    assert "ncclwatch.ingest.throughput" in GRAPH["ncclwatch"]
+
+
+def test_every_named_module_exists():
+    assert set(LAYERS) <= set(MODULES), set(LAYERS) - set(MODULES)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_downhill(module):
+    bad = {dst: why for dst in sorted(GRAPH[module]) if (why := why_not(module, dst))}
+    assert not bad, f"{module}: {bad}"
+
+
+def test_no_import_cycles():
+    assert cycles(GRAPH) == []
+
+
+def test_the_rules_can_fail():
+    assert why_not("ncclwatch.records", "ncclwatch.detectors.pipeline") == "upward import"
+    assert why_not("ncclwatch.detectors.pipeline", "ncclwatch.ingest.windows") == \
+        "import across library components"
+    assert why_not("ncclwatch.detectors.watch", "ncclwatch.testing") == "product code imports test support"
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
