@@ -169,22 +169,28 @@ def committed_total(admin, group: str, topics: set[str]) -> int:
     return sum(om.offset for tp, om in offsets.items() if tp.topic in topics and om.offset > 0)
 
 
-def end_total(env: dict[str, str], topics: list[str]) -> int:
+def end_total(env: dict[str, str], topics: list[str], messages: int) -> int:
+    """The inputs' end offsets, after checking that every published message is still there:
+    a retention that deleted inputs would leave empty partitions and an inflated rate."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
     try:
         tps = [TopicPartition(t, p) for t in topics for p in c.partitions_for_topic(t) or []]
-        return sum(c.end_offsets(tps).values())
+        end, begin = c.end_offsets(tps), c.beginning_offsets(tps)
     finally:
         c.close()
+    kept = sum(end[tp] - begin[tp] for tp in tps)
+    if kept != messages:
+        raise RuntimeError(f"input not intact: {kept} of {messages} published messages left in {topics}")
+    return sum(end.values())
 
 
-def run_worker(env: dict[str, str], topics: list[str], records: int, timeout_s: float) -> dict:
+def run_worker(env: dict[str, str], topics: list[str], records: int, messages: int, timeout_s: float) -> dict:
     from kafka import KafkaAdminClient
 
     app_id = testing.unique_name("bench-worker")
-    end = end_total(env, topics)
+    end = end_total(env, topics, messages)
     log_path = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -253,7 +259,7 @@ def main() -> int:
             cfg = config.load(None, environ=env)
             runs = []
             for i in range(args.repeats):
-                r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, args.timeout_s)
+                r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s)
                 print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
                 runs.append(r)
             name = f"window summaries, {per} per message, + throughput ({n:,} records)"
@@ -267,7 +273,7 @@ def main() -> int:
             cfg = config.load(None, environ=env)
             runs = []
             for i in range(args.repeats):
-                r = run_worker(env, [cfg.topics.ops], args.ops, args.timeout_s)
+                r = run_worker(env, [cfg.topics.ops], args.ops, len(msgs), args.timeout_s)
                 print(f"  ops run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
                 runs.append(r)
             results.append(summarize(f"op records, {per} per message ({args.ops:,} records)", runs))
