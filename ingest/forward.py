@@ -155,6 +155,7 @@ class Forwarder:
         self.topics = cfg.topics
         self.metrics = metrics or ForwarderMetrics()
         self.clock = clock
+        self.max_future_ns = int(cfg.ingest.max_future_s * 1e9)
         self.host = socket.gethostname()
         self.node_dir = os.path.join(opts.state_dir, safe_filename(opts.node_id))
         self.ckpt_path = checkpoint.path_for(opts.state_dir, opts.node_id)
@@ -448,6 +449,7 @@ class Forwarder:
         st_time = st.time
         n = 0
         now = self.clock()
+        future = int(now * 1e9) + self.max_future_ns
         stopped: set[str] = set()
         rewound: set[str] = set()
         for chunk in chunks:
@@ -474,8 +476,9 @@ class Forwarder:
             for raw in raws:
                 nxt = off + len(raw) + 1 if ends is None else ends[0]
                 rec = parse(raw, src, off)
+                if type(rec) is fast_op and (end := rec.start_ns + rec.exec_ns) > future:
+                    rec = self._ahead_of_clock(end, now, raw, src, off)
                 if type(rec) is fast_op:
-                    end = rec.start_ns + rec.exec_ns
                     if end > hz:
                         gave = end
                         break
@@ -499,6 +502,8 @@ class Forwarder:
                     kind = rec.KIND
                     t = (rec.start_ns + rec.exec_ns if kind == "op"
                          else rec.ts_ns if kind == "throughput" else -1)
+                    if t > future:
+                        rec, t, kind = self._ahead_of_clock(t, now, raw, src, off), -1, "quarantined"
                     if t > hz:
                         gave = t
                         break
@@ -523,6 +528,13 @@ class Forwarder:
             if floor >= 0 and off >= floor:
                 del self.floor[src]
         return n, stopped
+
+    def _ahead_of_clock(self, t_ns: int, now: float, raw: bytes, src: str, off: int) -> Quarantined:
+        ahead = t_ns / 1e9 - now
+        return Quarantined(stage="schema", reason="out_of_range",
+                           detail=f"record time {ahead:.0f} s ahead of this reader's clock "
+                                  f"(ingest.max_future_s={self.cfg.ingest.max_future_s:g})",
+                           source=src, offset=off, raw=raw[:4096].decode("utf-8", errors="replace"))
 
     def _route_other(self, rec: Any, raw: bytes, src: str, off: int, out: list,
                      ops: dict) -> None:
@@ -598,6 +610,11 @@ class Forwarder:
                         self._quarantine(quarantine(e, line.raw, src, line.offset, stage), out)
                     continue
                 end = rec.start_ns + rec.exec_ns
+                if end > now * 1e9 + self.max_future_ns:
+                    n += 1
+                    if send:
+                        self._quarantine(self._ahead_of_clock(end, now, line.raw, src, line.offset), out)
+                    continue
                 if end > hz:
                     self.inspector.rewind(src, line.offset)
                     stopped.add(src)

@@ -127,6 +127,10 @@ class IngestConfig:
     # The zone of a training log's naive line timestamps (Megatron prints local time):
     # "local" (the zone of the process reading the log), "UTC", or an IANA name.
     trainlog_timezone: str = "local"
+    # A record stamped further ahead of the forwarder's clock than this is quarantined
+    # (out_of_range): one far-future op would otherwise move its stream's time so far
+    # that every later op of the process arrives "late" and no window closes again.
+    max_future_s: float = 3600.0
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9465
 

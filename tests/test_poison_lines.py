@@ -186,3 +186,26 @@ def test_worker_dead_letters_poison_messages_and_detects_as_without_them(kafka_b
     assert len(events) == len(expected) and expected
     reasons = sorted(json.loads(m.value)["reason"] for m in dead)
     assert reasons == sorted([p[2] for p in POISON] + [POISON[0][2]])
+
+
+@pytest.mark.kafka
+def test_forwarder_quarantines_a_record_far_ahead_of_its_clock_and_windows_go_on(kafka_bootstrap, tmp_path):
+    # Within the contract (before 2100) but a year ahead of the reader: it used to move its
+    # process's stream time a year on, after which every op was late and no window closed.
+    windows = {}
+    for name, poison in (("clean", None), ("ahead", op_with(start_ns=GOOD_OP["start_ns"] + 400 * 86_400 * 10**9))):
+        cfg = make_cfg(kafka_bootstrap)
+        spool = tmp_path / name / "spool"
+        paths = synth_spool(str(spool), streams=2, ops_per_stream=3000, segment_ops=1000)
+        if poison is not None:
+            seg = Path(paths[0])
+            lines = seg.read_bytes().split(b"\n")
+            seg.write_bytes(b"\n".join(lines[:300] + [poison] + lines[300:]))
+        opts = Options(spool_dir=str(spool), state_dir=str(tmp_path / name / "state"), node_id="n1", once=True)
+        assert Forwarder(cfg, opts, clock=lambda: GOOD_OP["start_ns"] / 1e9 + 60).run() == 0
+        got = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.windows))]
+        windows[name] = sorted((w.host, w.rank, w.comm, w.op, w.start_ns, w.count) for w in got)
+        q = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.quarantine))]
+        assert [(x.reason, "ahead of this reader's clock" in x.detail) for x in q] == (
+            [("out_of_range", True)] if poison else [])
+    assert windows["clean"] and windows["ahead"] == windows["clean"]
