@@ -14,7 +14,8 @@ distinct ids (at-least-once allows duplicates, never losses).
 
     .venv/bin/python bench/reliability/faults.py [--only kill9,outage,...] [--out results.json]
 
-Runs: kill9 (forwarder killed -9 three times), outage (broker killed -9 for 40 s while
+Runs: kill9 (forwarder killed -9 three times), worker_kill9 (the Faust worker killed -9 three
+times, its anomaly events against an uninterrupted worker's), outage (broker killed -9 for 40 s while
 the spool grows), full_disk (state on an 8 MiB tmpfs, full, while the broker is down),
 poison (hostile lines in the spool), am_outage (Alertmanager unreachable 30 s while
 anomalies fire and resolve), bad_credentials (wrong SASL password: forwarder and worker).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -78,8 +80,19 @@ def write_streams(spool: Path, *, streams: int, ops: int, segment: int, first: i
     return ids
 
 
-def consume_ids(bootstrap: str, topic: str, timeout_s: float = 60.0, **client) -> tuple[collections.Counter, int]:
-    """Op ids on a topic (every partition, from the start): counts, and quarantine records."""
+def op_id(rec) -> str | None:
+    return rec.id if isinstance(rec, OpRecord) else None
+
+
+def event_id(rec) -> str | None:
+    """An anomaly event's identity under at-least-once delivery: (id, state)."""
+    return f"{rec.id}|{rec.state}" if rec.KIND == "anomaly" else None
+
+
+def consume_ids(bootstrap: str, topic: str, timeout_s: float = 60.0, key=op_id,
+                **client) -> tuple[collections.Counter, int]:
+    """``key(record)`` of every record on a topic (every partition, from the start):
+    counts, and how many records had no key (quarantine records among ops, say)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1000, **client)
@@ -98,11 +111,11 @@ def consume_ids(bootstrap: str, topic: str, timeout_s: float = 60.0, **client) -
             for msgs in c.poll(timeout_ms=500, max_records=5000).values():
                 for m in msgs:
                     for line in m.value.split(b"\n"):
-                        rec = parse_line(line)
-                        if isinstance(rec, OpRecord):
-                            ids[rec.id] += 1
-                        else:
+                        k = key(parse_line(line))
+                        if k is None:
                             other += 1
+                        else:
+                            ids[k] += 1
         return ids, other
     finally:
         c.close()
@@ -152,6 +165,78 @@ def run_kill9(work: Path) -> dict:
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     got, _ = consume_ids(kafka, env["NCCLWATCH_TOPICS_OPS"])
     return {"fault": f"kill -9 of the forwarder ({kills} times), then a restart to the end", **tally(sent, got)}
+
+
+def run_worker_kill9(work: Path) -> dict:
+    """The worker is killed with SIGKILL three times while detecting; a restart drains to
+    the end. Its anomaly events are compared with an uninterrupted worker's on the same
+    input (events are at-least-once: a duplicate is the same (id, state) again)."""
+    from kafka import KafkaAdminClient, KafkaProducer
+    from ncclwatch.detectors import scenarios
+    from ncclwatch.detectors.drivers import record_time_ns
+
+    from ncclwatch import config
+    from ncclwatch.records import to_json
+
+    kafka = testing.ensure_started("kafka").kafka_bootstrap
+    env = env_for(kafka, testing.unique_name("rel-wkill9"), NCCLWATCH_DETECTOR_METRICS_PORT="-1",
+                  NCCLWATCH_ALERTING_ALERTMANAGER_URL="")
+    cfg = config.load(None, environ=env)
+    topics = {"window": cfg.topics.windows, "throughput": cfg.topics.throughput}
+    for name in topics.values():
+        testing.kafka_create_topic(kafka, name, cfg.topics.partitions)
+    producer = KafkaProducer(bootstrap_servers=kafka, linger_ms=50, batch_size=512 * 1024)
+    messages = 0
+    faulty = [s for s in scenarios.suite() if s.name.startswith(("network_step", "straggler", "nvlink_step"))]
+    for copy in range(3):
+        for sc in faulty:
+            job = f"{sc.name}-{copy}"
+            recs, _ = scenarios.generate(sc)
+            for r in recs:
+                r = dataclasses.replace(r, job=job)
+                topic = topics.get(r.KIND)
+                if topic:
+                    producer.send(topic, key=job.encode(), value=to_json(r).encode(),
+                                  timestamp_ms=record_time_ns(r) // 10**6)
+                    messages += 1
+    producer.flush()
+    producer.close()
+
+    def worker(app_id: str, *extra: str, anomalies: str = cfg.topics.anomalies) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "ncclwatch.cli", "worker", "--app-id", app_id, *extra],
+                                env={**env, "NCCLWATCH_TOPICS_ANOMALIES": anomalies},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
+
+    def committed(app_id: str) -> int:
+        admin = KafkaAdminClient(bootstrap_servers=kafka)
+        try:
+            offsets = admin.list_group_offsets(app_id).get(app_id, {})
+        finally:
+            admin.close()
+        return sum(om.offset for tp, om in offsets.items() if tp.topic in topics.values() and om.offset > 0)
+
+    reference = testing.unique_name("rel-wref")
+    done = worker(reference, "--until-caught-up", anomalies=f"{cfg.topics.anomalies}.reference")
+    assert done.wait(timeout=900) == 0, "the reference worker failed"
+    app_id = testing.unique_name("rel-wkill")
+    kills = 0
+    for _ in range(3):
+        p = worker(app_id)
+        before = committed(app_id)
+        wait_for(lambda before=before: committed(app_id) > before, 300, "worker progress before the kill")
+        time.sleep(0.5)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        kills += 1
+    done = worker(app_id, "--until-caught-up")
+    assert done.wait(timeout=900) == 0, "the restarted worker failed"
+
+    want, _ = consume_ids(kafka, f"{cfg.topics.anomalies}.reference", key=event_id)
+    got, _ = consume_ids(kafka, cfg.topics.anomalies, key=event_id)
+    assert want, "the reference worker raised no anomaly: the run shows nothing"
+    return {"fault": f"kill -9 of the worker ({kills} times), then a restart that drains to the end",
+            "input_messages": messages, **tally(set(want), got),
+            "extra": len(set(got) - set(want))}
 
 
 def run_outage(work: Path) -> dict:
@@ -355,8 +440,8 @@ def run_bad_credentials(work: Path) -> dict:
     return out
 
 
-RUNS = {"kill9": run_kill9, "outage": run_outage, "full_disk": run_full_disk, "poison": run_poison,
-        "am_outage": run_am_outage, "bad_credentials": run_bad_credentials}
+RUNS = {"kill9": run_kill9, "worker_kill9": run_worker_kill9, "outage": run_outage, "full_disk": run_full_disk,
+        "poison": run_poison, "am_outage": run_am_outage, "bad_credentials": run_bad_credentials}
 
 
 def main() -> int:
