@@ -68,7 +68,7 @@ class Options:
     job: str = ""
     once: bool = False
     delete_acked: bool = True
-    ops_per_message: int = 1
+    ops_per_message: int = 100  # packed: docs/ingest.md, "Topics and keys"
     window_s: float = 1.0
     batch_size: int = 2000
     linger_ms: int = 20
@@ -1135,9 +1135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="checkpoint and buffer directory (default: config)")
     p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: hostname)")
     p.add_argument("--job", default="", help="job id for Inspector and training-log records")
-    p.add_argument("--ops-per-message", type=int, default=1,
-                   help="pack up to N op records of one communicator into one Kafka message "
-                        "(newline-separated JSON lines; default 1)")
+    p.add_argument("--ops-per-message", type=int, default=100,
+                   help="pack up to N op records of one communicator and batch into one Kafka "
+                        "message (newline-separated JSON lines; default 100, 1 = unpacked)")
     p.add_argument("--batch-size", type=int, help="lines per batch (default: config)")
     p.add_argument("--compression", help="none, gzip, lz4, ... (default: config)")
     p.add_argument("--metrics-port", type=int,

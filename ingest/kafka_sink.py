@@ -154,10 +154,16 @@ def check_credentials(kafka: KafkaConfig, *, attempts: int = 3, bootstrap_timeou
 def make_producer(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int,
                   linger_ms: int, request_timeout_ms: int = 10_000,
                   delivery_timeout_ms: int = 30_000, bootstrap_timeout_ms: int = 3_000) -> Any:
-    from kafka import KafkaProducer
-
     if compression not in CODECS:
         raise ValueError(f"compression {compression!r} is not one of {CODECS}")
+    if kafka.producer == "confluent-kafka":  # librdkafka has every codec built in
+        from ncclwatch.ingest.rdkafka import RdKafkaProducer, producer_conf
+
+        return RdKafkaProducer(producer_conf(
+            kafka, compression=compression, batch_size_bytes=batch_size_bytes, linger_ms=linger_ms,
+            request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms))
+    from kafka import KafkaProducer
+
     if compression not in available_codecs():
         raise ValueError(f"compression {compression!r} needs a library that is not installed "
                          f"(available here: {', '.join(available_codecs())})")

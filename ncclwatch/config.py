@@ -38,6 +38,9 @@ def _secret():
     return field(default="", repr=False, metadata={"secret": True})
 
 
+PRODUCERS = ("kafka-python", "confluent-kafka")
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """How to reach Kafka. kafka-python names, so they pass straight through."""
@@ -52,6 +55,13 @@ class KafkaConfig:
     sasl_plain_username: str = ""
     sasl_plain_password: str = _secret()
     client_id: str = "ncclwatch"
+    # The forwarder's producer: "confluent-kafka" (librdkafka, C) or "kafka-python" (pure
+    # Python, 1.2-2.2x the CPU per record: docs/BENCHMARKS.md); consumers are unaffected.
+    producer: str = "confluent-kafka"
+
+    def __post_init__(self) -> None:
+        if self.producer not in PRODUCERS:
+            raise ValueError(f"kafka.producer must be one of {', '.join(PRODUCERS)}, got {self.producer!r}")
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for kafka-python clients; empty settings are left out."""

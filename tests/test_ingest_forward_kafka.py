@@ -26,9 +26,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "inspector"
 TOPIC_KEYS = ("ops", "windows", "throughput", "quarantine", "anomalies")
 
 
-def make_cfg(bootstrap: str, **ingest) -> config.Config:
+PRODUCERS = pytest.mark.parametrize("producer", config.PRODUCERS)
+
+
+def make_cfg(bootstrap: str, producer: str = config.KafkaConfig.producer, **ingest) -> config.Config:
     env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "3",
-           **testing.RECORDED_TOPICS_ENV}
+           "NCCLWATCH_KAFKA_PRODUCER": producer, **testing.RECORDED_TOPICS_ENV}
     prefix = testing.unique_name("ingest")
     for k in TOPIC_KEYS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
@@ -91,9 +94,10 @@ def run_once(cfg, tmp_path: Path, spool: Path, **kw) -> Forwarder:
     return fwd
 
 
+@PRODUCERS
 def test_every_spool_record_arrives_in_order_per_communicator_with_its_key(
-        kafka_bootstrap, tmp_path):
-    cfg = make_cfg(kafka_bootstrap)
+        kafka_bootstrap, tmp_path, producer):
+    cfg = make_cfg(kafka_bootstrap, producer)
     spool = tmp_path / "spool"
     write_spool(str(spool), streams=3, ops_per_stream=1500, segment_ops=400, comms=3,
                 with_stats=True)
@@ -210,14 +214,16 @@ def _env(cfg) -> dict:
     env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"] = cfg.kafka.bootstrap_servers
     env["NCCLWATCH_TOPICS_PARTITIONS"] = str(cfg.topics.partitions)
     env["NCCLWATCH_TOPICS_RETENTION_MS"] = str(cfg.topics.retention_ms)
+    env["NCCLWATCH_KAFKA_PRODUCER"] = cfg.kafka.producer
     for k in TOPIC_KEYS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = getattr(cfg.topics, k)
     return env
 
 
+@PRODUCERS
 def test_kill_9_then_restart_loses_nothing_and_duplicates_only_the_unacked_tail(
-        kafka_bootstrap, tmp_path):
-    cfg = make_cfg(kafka_bootstrap)
+        kafka_bootstrap, tmp_path, producer):
+    cfg = make_cfg(kafka_bootstrap, producer)
     spool, state = tmp_path / "spool", tmp_path / "state"
     write_spool(str(spool), streams=4, ops_per_stream=15000, segment_ops=5000, comms=2)
     expected = spool_index(spool)
@@ -266,8 +272,9 @@ def test_kill_9_then_restart_loses_nothing_and_duplicates_only_the_unacked_tail(
     assert sum(next(iter(v)).count for v in by_key.values()) == len(expected)
 
 
-def test_broker_outage_spills_to_disk_and_loses_nothing(kafka_bootstrap, tmp_path):
-    cfg = make_cfg(kafka_bootstrap)
+@PRODUCERS
+def test_broker_outage_spills_to_disk_and_loses_nothing(kafka_bootstrap, tmp_path, producer):
+    cfg = make_cfg(kafka_bootstrap, producer)
     spool = tmp_path / "spool"
     job_dir = spool / "job-1"
     job_dir.mkdir(parents=True)
@@ -384,7 +391,7 @@ def test_sigterm_flushes_checkpoints_and_exits_zero(kafka_bootstrap, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ckpt = state / "n1" / "checkpoint.json"
     try:
-        _wait(lambda: ckpt.exists() and len(consume(kafka_bootstrap, cfg.topics.ops, 5))
+        _wait(lambda: ckpt.exists() and len(records_of(consume(kafka_bootstrap, cfg.topics.ops, 5)))
               >= len(expected), 60, "everything delivered")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, proc.stderr.read().decode()[-2000:]

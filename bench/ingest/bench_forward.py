@@ -3,11 +3,12 @@
 Runs the real forwarder (in this process, so its CPU time is measured without the
 interpreter's start-up and imports) against the real local Kafka broker of
 scripts/services.sh, on a synthetic spool in the plugin's layout. CPU time is
-``getrusage(RUSAGE_SELF)`` user+sys over ``Forwarder.run()``: the main thread and
-kafka-python's sender thread, everything the forwarder process spends.
+``getrusage(RUSAGE_SELF)`` user+sys over ``Forwarder.run()``: the main thread and the
+producer's threads (kafka-python's sender, or librdkafka's), everything the forwarder
+process spends.
 
     .venv/bin/python bench/ingest/bench_forward.py [--records 60000] [--repeats 3]
-        [--out docs/bench/ingest.md] [--profile]
+        [--producers kafka-python,confluent-kafka] [--out docs/bench/ingest.md] [--profile]
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ def cpu_s() -> float:
 
 
 def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, batch: int,
-            profile: bool = False) -> tuple[float, float, int]:
+            profile: bool = False, producer: str = config.KafkaConfig.producer) -> tuple[float, float, int]:
     prefix = testing.unique_name("bench")
     env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4",
-           **testing.RECORDED_TOPICS_ENV}  # recorded times: no retention may delete them
+           # recorded times: no retention may delete them
+           "NCCLWATCH_KAFKA_PRODUCER": producer, **testing.RECORDED_TOPICS_ENV}
     for k in ("ops", "windows", "throughput", "quarantine", "anomalies"):
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
     cfg = config.load(None, environ=env)
@@ -84,7 +86,10 @@ def main() -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", action="store_true", help="one profiled run of the packed config")
     ap.add_argument("--only", default="", help="ops_per_message,codec,batch: run just that config")
+    ap.add_argument("--producers", default=config.KafkaConfig.producer,
+                    help="comma-separated kafka.producer values, interleaved in every repeat")
     args = ap.parse_args()
+    producers = args.producers.split(",")
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     spool = tempfile.mkdtemp(prefix="ncclwatch-bench-spool-")
     streams = 8
@@ -93,7 +98,7 @@ def main() -> int:
     records = streams * (args.records // streams)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(spool) for f in fs)
     if args.profile:
-        one_run(bootstrap, spool, records, 100, "lz4", 2000, profile=True)
+        one_run(bootstrap, spool, records, 100, "lz4", 2000, profile=True, producer=producers[0])
         return 0
     rows = []
     configs = CONFIGS
@@ -101,15 +106,20 @@ def main() -> int:
         a, b, c = args.only.split(",")
         configs = [(int(a), b, int(c))]
     for per_msg, codec, batch in configs:
-        rates, walls = [], []
-        for _ in range(args.repeats):
-            cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch)
-            rates.append(n / cpu)
-            walls.append(n / wall)
-        rows.append((per_msg, codec, batch, rates, walls))
-        print(f"ops/msg={per_msg:<4} {codec:<5} batch={batch:<5} records/cpu-s median="
-              f"{statistics.median(rates):>9,.0f} min={min(rates):,.0f} max={max(rates):,.0f}"
-              f"  wall records/s median={statistics.median(walls):,.0f}", flush=True)
+        rates: dict[str, list[float]] = {p: [] for p in producers}
+        walls: dict[str, list[float]] = {p: [] for p in producers}
+        for i in range(args.repeats):
+            # alternate which producer goes first, so both see the same machine noise
+            for producer in producers if i % 2 == 0 else producers[::-1]:
+                cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch, producer=producer)
+                rates[producer].append(n / cpu)
+                walls[producer].append(n / wall)
+        for producer in producers:
+            r, w = rates[producer], walls[producer]
+            rows.append((producer, per_msg, codec, batch, r, w))
+            print(f"{producer:<15} ops/msg={per_msg:<4} {codec:<5} batch={batch:<5} records/cpu-s median="
+                  f"{statistics.median(r):>9,.0f} min={min(r):,.0f} max={max(r):,.0f}"
+                  f"  wall records/s median={statistics.median(w):,.0f}", flush=True)
     shutil.rmtree(spool, ignore_errors=True)
     if args.out:
         write_report(args.out, rows, records, size, args.repeats)
@@ -124,16 +134,16 @@ def write_report(path: str, rows, records: int, size: int, repeats: int) -> None
                 cpu = line.split(":", 1)[1].strip()
                 break
     lines = [
-        "| ops per Kafka message | compression | batch (lines) | records / CPU-s, median | "
+        "| producer | ops per Kafka message | compression | batch (lines) | records / CPU-s, median | "
         "min – max | records / s wall, median |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for per_msg, codec, batch, rates, walls in rows:
-        lines.append(f"| {per_msg} | {codec} | {batch} | {statistics.median(rates):,.0f} | "
+    for producer, per_msg, codec, batch, rates, walls in rows:
+        lines.append(f"| {producer} | {per_msg} | {codec} | {batch} | {statistics.median(rates):,.0f} | "
                      f"{min(rates):,.0f} – {max(rates):,.0f} | {statistics.median(walls):,.0f} |")
     table = "\n".join(lines)
     meta = (f"Measured {datetime.date.today()} on `nproc`={os.cpu_count()}, {cpu}, "
-            f"Python {platform.python_version()}, kafka-python, local single-node Kafka "
+            f"Python {platform.python_version()}, local single-node Kafka "
             f"(scripts/services.sh) on the same machine. {records:,} op records "
             f"({size / records:.0f} bytes a line, 8 streams × 4 communicators, 5000-line "
             f"segments), {repeats} repeats per row.")
