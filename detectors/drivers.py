@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.recording import (  # noqa: F401 (re-exported: the drivers' vocabulary)
     KIND_ORDER,
     ReadStats,
@@ -53,7 +54,6 @@ from ncclwatch.records import (
     ThroughputRecord,
     WindowSummary,
     from_json,
-    parse_line,
     to_dict,
     to_json,
 )
@@ -522,7 +522,7 @@ def decode_message(
     raw = msg.value if line is None else line
     if raw is None:
         return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
-    rec = parse_line(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
+    rec = parse_record(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
     if isinstance(rec, Quarantined):
         return rec
     if not isinstance(rec, allowed):

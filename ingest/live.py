@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
+from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.recording import Options, inspector_job
 from ncclwatch.ingest.spool import FileTailer, Line, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
 from ncclwatch.ingest.trainlog import RankMerge, ThroughputParser
-
-from ncclwatch.records import parse_line
 
 TRAINLOG_KEY = "training-log"
 
@@ -96,7 +95,7 @@ class LiveSources:
         for name, tailer in self.tailers:
             for line in tailer.poll(max_lines):
                 if name == "spool":
-                    out.append((line.source, line, parse_line(line.raw, source=line.source, offset=line.offset)))
+                    out.append((line.source, line, parse_record(line.raw, source=line.source, offset=line.offset)))
                 elif name == "inspector":
                     rec = self._inspector(line)
                     if rec is not None:

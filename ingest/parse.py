@@ -147,6 +147,21 @@ def to_record(rec: Any) -> Any:
     """The dataclass record for a fast result (for callers that need the real type)."""
     if isinstance(rec, msgspec.Struct):
         cls = records.RECORD_TYPES[rec.KIND]
-        return cls(*(getattr(rec, f.name) for f in dataclasses.fields(cls)))
+        return cls(*(getattr(rec, f.name) for f in _FIELDS[cls]))
     return rec
+
+
+_FIELDS = {cls: dataclasses.fields(cls) for cls in records.RECORD_TYPES.values()}
+
+
+def parse_record(raw: bytes, source: str = "", offset: int = 0) -> Any:
+    """:func:`ncclwatch.records.parse_line`, at the fast path's speed: the same record
+    dataclass (or ``Quarantined``) for every line. What every reader but the forwarder's
+    hot path (which keeps the structs) uses: the worker, ``watch``, ``replay``, ``report``.
+
+    >>> parse_record(b'{"v":1,"kind":"throughput","job":"j","host":"h","rank":0,"ts_ns":1,'
+    ...              b'"step":3,"tflops_per_gpu":310.2,"tokens_per_s":null,"source":"api"}')
+    ThroughputRecord(job='j', host='h', rank=0, ts_ns=1, step=3, tflops_per_gpu=310.2, tokens_per_s=None, source='api')
+    """
+    return to_record(parse(raw, source, offset))
 

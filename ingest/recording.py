@@ -3,7 +3,7 @@
 Everything ``ncclwatch forward`` reads live can be given to the commands that replay:
 
 - the plugin's spool: a directory of ``*.jsonl[.gz]`` record files, one such file, or a
-  ``.tar.gz`` of either (contract records, :func:`ncclwatch.records.parse_line`);
+  ``.tar.gz`` of either (contract records, :func:`ncclwatch.ingest.parse.parse_record`);
 - NCCL Inspector JSON output: a directory as Inspector writes it
   (``<dump dir>/<host>-pid<pid>.log``), one such file, or an archive of them (each line
   mapped by :func:`ncclwatch.ingest.inspector.op_from_inspector`);
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
+from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.trainlog import DEFAULT_REGEX, RankMerge, ThroughputParser
 
 from ncclwatch.records import (
@@ -55,7 +56,6 @@ from ncclwatch.records import (
     Quarantined,
     ThroughputRecord,
     WindowSummary,
-    parse_line,
     to_json,
 )
 
@@ -376,7 +376,7 @@ def iter_records(
             for f in src.spool:
                 stats.files[SPOOL] = stats.files.get(SPOOL, 0) + 1
                 for source, raw, offset in iter_recording_lines(f, stats):
-                    rec = parse_line(raw, source=source, offset=offset)
+                    rec = parse_record(raw, source=source, offset=offset)
                     if isinstance(rec, Quarantined):
                         stats.quarantine(rec)
                         continue
