@@ -557,7 +557,7 @@ class WorkerMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.detector = DetectorMetrics(self.registry, max_keys=cfg.detector.max_metric_keys)
+        self.detector = DetectorMetrics(self.registry, max_keys=cfg.detector.max_metric_keys, component="worker")
         r = self.registry
         self.consumer_lag = Gauge(
             "ncclwatch_worker_consumer_lag_messages",

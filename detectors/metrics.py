@@ -19,6 +19,8 @@ ncclwatch_detector_records_total      counter    kind
 ncclwatch_detector_lag_seconds        gauge      (wall clock - newest record time)
 ncclwatch_detector_input_live         gauge      (1 live input, 0 a replay: lag is its age)
 ncclwatch_detector_keys               gauge      (keys tracked)
+ncclwatch_build_info                  gauge      version, contract, component, python (always 1)
+process_*, python_info                (prometheus_client's process and platform collectors)
 ====================================  =========  ===============================================
 
 Cardinality is bounded: at most ``max_keys`` key series (the five-label busbw
@@ -47,6 +49,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ncclwatch import build_info
 from ncclwatch.records import AnomalyEvent
 
 COUNTED_IDS = 100_000  # anomaly ids remembered so each is counted once
@@ -74,6 +77,8 @@ class DetectorMetrics:
     live
         Whether the input is live (a running job) or a replay of a recording, whose lag
         is the recording's age rather than lateness; alert rules on lag look at it.
+    component
+        The ``component`` label of ``ncclwatch_build_info`` (``watch``, ``worker``, ...).
     """
 
     def __init__(
@@ -83,10 +88,12 @@ class DetectorMetrics:
         max_keys: int = 2000,
         clock: Callable[[], float] = time.time,
         live: bool = True,
+        component: str = "detectors",
     ):
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
         self.registry = registry if registry is not None else CollectorRegistry()
+        build_info.register(self.registry, component)
         self.max_keys = max_keys
         self.clock = clock
         r = self.registry

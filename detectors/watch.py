@@ -143,7 +143,7 @@ class Watch:
         self.sink = sink
         self.detectors = detectors or JobDetectors(cfg.detector, partitions=cfg.topics.partitions)
         # Metrics are kept even without an endpoint: the status lines read them.
-        self.metrics = metrics or DetectorMetrics(max_keys=cfg.detector.max_metric_keys)
+        self.metrics = metrics or DetectorMetrics(max_keys=cfg.detector.max_metric_keys, component="watch")
         self.metrics.bind(self.detectors)
         self.windower = Windower(cfg.ingest.window_s)
         self.inspector_windower = Windower(
@@ -331,13 +331,14 @@ class _Stop:
             time.sleep(min(left, self.SLICE_S))
 
 
-def _metrics(cfg: Config, port: int | None, out: TextIO) -> Any:
-    """The detector metrics, served on 127.0.0.1 unless the port is negative."""
+def _metrics(cfg: Config, port: int | None, out: TextIO, *, live: bool) -> Any:
+    """The detector metrics, served on 127.0.0.1 unless the port is negative. ``live``
+    is False on a replay, whose lag is the recording's age (the lag rule ignores it)."""
     from ncclwatch.detectors.metrics import DetectorMetrics
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry()
-    metrics = DetectorMetrics(registry, max_keys=cfg.detector.max_metric_keys)
+    metrics = DetectorMetrics(registry, max_keys=cfg.detector.max_metric_keys, component="watch", live=live)
     port = cfg.detector.metrics_port if port is None else port
     if port >= 0:
         server, _thread = start_http_server(port, addr=cfg.detector.metrics_addr, registry=registry)
@@ -373,7 +374,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         print(f"ncclwatch watch: {e}", file=sys.stderr)
         return 2
     state_path = args.state or ("" if replay else cfg.detector.state_path)
-    metrics = _metrics(cfg, args.metrics_port, out)
+    metrics = _metrics(cfg, args.metrics_port, out, live=not replay)
     sink = _sink(cfg)
     events_file = EventsFile(args.events_out)
     watch = Watch(cfg, out=out, events_file=events_file, sink=sink, metrics=metrics)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ncclwatch import build_info
+
 
 class ForwarderMetrics:
     """Counters and gauges of one forwarder; label values stay a small closed set
@@ -12,6 +14,7 @@ class ForwarderMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        build_info.register(r, "forward")
         self.read = Counter("ncclwatch_forwarder_records_read_total",
                             "Lines read from sources", ["source"], registry=r)
         self.sent = Counter("ncclwatch_forwarder_records_sent_total",

@@ -66,6 +66,33 @@ def assert_bound_only_to(addr: str, port: int, family: str) -> None:
     assert not reachable(other, port), f"also listening on {other}:{port}"
 
 
+def assert_identifies_itself(text: str, component: str) -> None:
+    """``ncclwatch_build_info`` names the component, package and contract versions, and
+    the process metrics are there (CPU seconds, resident memory)."""
+    info = re.search(r'^ncclwatch_build_info\{([^}]*)\} 1\.0$', text, re.M)
+    assert info, text[:2000]
+    assert f'component="{component}"' in info.group(1) and 'contract="1"' in info.group(1)
+    assert re.search(r'version="[^"]+"', info.group(1))
+    assert re.search(r"^process_cpu_seconds_total \d", text, re.M)
+    assert re.search(r"^process_resident_memory_bytes \d", text, re.M)
+
+
+def test_watch_says_whether_its_input_is_live_so_the_lag_rule_skips_replays(tmp_path):
+    from ncclwatch.ingest.synth import write_spool
+
+    spool = tmp_path / "spool"
+    write_spool(str(spool), streams=2, ops_per_stream=2000)
+    env = {"NCCLWATCH_JOB_ID": "metrics-live-test"}
+    with serving(["watch", str(spool), "--metrics-port", "0"], env, tmp_path / "live.log") as (addr, port):
+        text = scrape(addr, port)
+        assert re.search(r"^ncclwatch_detector_input_live 1\.0$", text, re.M)
+        assert_identifies_itself(text, "watch")
+    # a replay at 1/1000 of recorded speed: still running when scraped
+    with serving(["watch", str(spool), "--speed", "0.001", "--metrics-port", "0"], env,
+                 tmp_path / "replay.log") as (addr, port):
+        assert re.search(r"^ncclwatch_detector_input_live 0\.0$", scrape(addr, port), re.M)
+
+
 def test_watch_binds_the_metrics_addr_option_and_defaults_to_loopback(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
@@ -93,6 +120,7 @@ def test_forward_binds_the_metrics_addr_option(kafka_bootstrap, tmp_path):
     with serving(args, env, tmp_path / "f.log") as (addr, port):
         assert addr == "127.0.0.2"
         assert_bound_only_to(addr, port, "ncclwatch_forwarder_")
+        assert_identifies_itself(scrape(addr, port), "forward")
 
 
 @pytest.mark.kafka
@@ -104,3 +132,4 @@ def test_worker_binds_the_metrics_addr_option(kafka_bootstrap, tmp_path):
                  tmp_path / "w.log", timeout_s=90) as (addr, port):
         assert addr == "127.0.0.2"
         assert_bound_only_to(addr, port, "ncclwatch_worker_")
+        assert_identifies_itself(scrape(addr, port), "worker")
