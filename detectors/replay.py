@@ -47,6 +47,7 @@ from ncclwatch.detectors.drivers import (
 )
 from ncclwatch.ingest.recording import Options, RecordingError, add_source_arguments, iter_records
 
+from ncclwatch import progress
 from ncclwatch.config import Config
 from ncclwatch.records import Quarantined, parse_line
 
@@ -303,34 +304,6 @@ def key_for(record: Any) -> bytes:
     return record.job.encode()
 
 
-class Progress:
-    """``replay  45% 12,345/27,000 records`` redrawn on one stderr line, only on a terminal."""
-
-    def __init__(self, total: int, out: TextIO = sys.stderr, enabled: bool | None = None):
-        self.total = total
-        self.out = out
-        self.enabled = out.isatty() if enabled is None else enabled
-        self._last = 0.0
-
-    def update(self, done: int, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < 0.2:
-            return
-        self._last = now
-        frac = done / self.total if self.total else 1.0
-        bar = "#" * int(frac * 30)
-        self.out.write(f"\rreplay [{bar:<30}] {frac:4.0%} {done:,}/{self.total:,} records")
-        self.out.flush()
-
-    def close(self, done: int) -> None:
-        if self.enabled:
-            self.update(done, force=True)
-            self.out.write("\n")
-            self.out.flush()
-
-
 def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> int:
     out = out or sys.stdout
 
@@ -374,31 +347,31 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
             return fail(str(e))
     for note in stats.notes():
         print(note, file=sys.stderr)
-    progress = Progress(len(items), enabled=False if args.no_progress else None)
+    bar = progress.bar(len(items), "replay", enabled=False if args.no_progress else None)
     pacer = Pacer(args.speed)
-    if args.detect:
-        n = _detect(cfg, items, pacer, progress, args.events_out, out)
-    elif args.out:
-        n = _to_file(items, args.out, pacer, progress)
-    else:
-        n = _to_kafka(cfg, items, pacer, progress, args.to_topic, args.topic_prefix)
-    progress.close(n)
+    with bar:
+        if args.detect:
+            n = _detect(cfg, items, pacer, bar, args.events_out, out)
+        elif args.out:
+            n = _to_file(items, args.out, pacer, bar)
+        else:
+            n = _to_kafka(cfg, items, pacer, bar, args.to_topic, args.topic_prefix)
     print(f"replayed {n} record(s)", file=sys.stderr)
     return 0
 
 
-def _paced(items: list[Item], pacer: Pacer, progress: Progress) -> Iterator[Item]:
-    for i, it in enumerate(items):
+def _paced(items: list[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
+    for it in items:
         pacer.wait(it.time_ns)
         yield it
-        progress.update(i + 1)
+        bar.update(1)
 
 
 def _detect(
     cfg: Config,
     items: list[Item],
     pacer: Pacer,
-    progress: Progress,
+    bar: Any,
     events_out: str | None,
     out: TextIO,
 ) -> int:
@@ -413,7 +386,7 @@ def _detect(
     watch = Watch(cfg, out=out, events_file=events_file)
     n = 0
     try:
-        for rec, _ in zip(records, _paced(timed, pacer, progress), strict=True):
+        for rec, _ in zip(records, _paced(timed, pacer, bar), strict=True):
             watch.feed(rec)
             n += 1
         watch.flush()
@@ -423,12 +396,12 @@ def _detect(
     return n
 
 
-def _to_file(items: list[Item], path: str, pacer: Pacer, progress: Progress) -> int:
+def _to_file(items: list[Item], path: str, pacer: Pacer, bar: Any) -> int:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.endswith(".gz") else open
     n = 0
     with opener(path, "wb") as f:
-        for it in _paced(items, pacer, progress):
+        for it in _paced(items, pacer, bar):
             f.write(it.raw + b"\n")
             n += 1
     return n
@@ -438,7 +411,7 @@ def _to_kafka(
     cfg: Config,
     items: list[Item],
     pacer: Pacer,
-    progress: Progress,
+    bar: Any,
     to_topic: str | None,
     prefix: str,
 ) -> int:
@@ -457,7 +430,7 @@ def _to_kafka(
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
     try:
-        for it in _paced(items, pacer, progress):
+        for it in _paced(items, pacer, bar):
             rec = parse_line(it.raw)
             if to_topic:
                 topic = to_topic

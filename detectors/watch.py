@@ -61,6 +61,7 @@ from ncclwatch.ingest.recording import (
     read_recording,
 )
 
+from ncclwatch import progress
 from ncclwatch.config import Config
 from ncclwatch.records import AnomalyEvent, OpRecord, Quarantined
 
@@ -113,6 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="print a status line this often (0: never; default 5)",
     )
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar while replaying a recording, even on a terminal")
 
 
 class Watch:
@@ -214,7 +217,7 @@ class Watch:
                 self.firing[ev.id] = ev
             else:
                 self.firing.pop(ev.id, None)
-            print(format_event(ev), file=self.out, flush=True)
+            progress.write(format_event(ev), file=self.out)  # above a progress bar, if one is drawn
             self.events_file.write(ev)
             if self.sink is not None:
                 self.sink.handle(ev)
@@ -437,16 +440,18 @@ def _replay(
     pacer = Pacer(speed, sleep=stop.sleep)
     status_due = _every(args.status_every_s)
     tick_due = _every(1.0)
-    for rec in records:
-        if stop.requested:
-            break
-        pacer.wait(record_time_ns(rec))
-        watch.feed(rec)
-        if status_due():
-            for line in watch.status_lines():
-                print(line, file=watch.out, flush=True)
-        if watch.sink is not None and tick_due():
-            watch.sink.tick()
+    with progress.bar(len(records), "watch: replaying", enabled=False if args.no_progress else None) as bar:
+        for rec in records:
+            if stop.requested:
+                break
+            pacer.wait(record_time_ns(rec))
+            watch.feed(rec)
+            bar.update(1)
+            if status_due():
+                for line in watch.status_lines():
+                    progress.write(line, file=watch.out)
+            if watch.sink is not None and tick_due():
+                watch.sink.tick()
     watch.flush()
 
 
