@@ -598,7 +598,7 @@ class WorkerMetrics:
 
 def _start_metrics(w: Worker, port: int | None) -> None:
     """Serve the worker's metrics on detector.metrics_addr unless the port is negative."""
-    from prometheus_client import start_http_server
+    from ncclwatch import exposition
 
     cfg = w.cfg
     port = cfg.detector.metrics_port if port is None else port
@@ -606,9 +606,7 @@ def _start_metrics(w: Worker, port: int | None) -> None:
         return
     w.metrics = WorkerMetrics(cfg)
     w.metrics.detector.bind(w.core.detectors)
-    server, _ = start_http_server(port, addr=cfg.detector.metrics_addr, registry=w.metrics.registry)
-    addr = f"{cfg.detector.metrics_addr}:{server.server_port}"
-    print(f"metrics on http://{addr}/metrics", file=sys.stderr, flush=True)
+    print(exposition.serve_line(w.metrics.registry, cfg.detector, port), file=sys.stderr, flush=True)
 
 
 UNPOSITIONED_GRACE_S = 60.0

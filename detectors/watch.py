@@ -338,15 +338,15 @@ def _metrics(cfg: Config, port: int | None, out: TextIO, *, live: bool) -> Any:
     """The detector metrics, served on 127.0.0.1 unless the port is negative. ``live``
     is False on a replay, whose lag is the recording's age (the lag rule ignores it)."""
     from ncclwatch.detectors.metrics import DetectorMetrics
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
+
+    from ncclwatch import exposition
 
     registry = CollectorRegistry()
     metrics = DetectorMetrics(registry, max_keys=cfg.detector.max_metric_keys, component="watch", live=live)
     port = cfg.detector.metrics_port if port is None else port
     if port >= 0:
-        server, _thread = start_http_server(port, addr=cfg.detector.metrics_addr, registry=registry)
-        addr = f"{cfg.detector.metrics_addr}:{server.server_port}"
-        print(f"metrics on http://{addr}/metrics", file=out, flush=True)
+        print(exposition.serve_line(registry, cfg.detector, port), file=out, flush=True)
     return metrics
 
 

@@ -1176,12 +1176,11 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     metrics = ForwarderMetrics()
     port = cfg.ingest.metrics_port if args.metrics_port is None else args.metrics_port
     if port >= 0:
-        from prometheus_client import start_http_server
+        from ncclwatch import exposition
 
-        server, _ = start_http_server(port, addr=cfg.ingest.metrics_addr,
-                                      registry=metrics.registry)
-        log.info("event=metrics_listening addr=%s port=%d", cfg.ingest.metrics_addr,
-                 server.server_port)
+        server = exposition.serve(metrics.registry, cfg.ingest.metrics_addr, port, cfg.ingest.metrics_web_config)
+        log.info("event=metrics_listening addr=%s port=%d scheme=%s", cfg.ingest.metrics_addr,
+                 server.server_port, exposition.scheme(cfg.ingest.metrics_web_config))
     fwd = Forwarder(cfg, opts, metrics=metrics)
     signal.signal(signal.SIGTERM, fwd.stop)
     signal.signal(signal.SIGINT, fwd.stop)

@@ -262,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = int(module.run(args, cfg) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
+    except config.ConfigError as e:  # a setting only a command reads (a metrics web config, say)
+        print(f"ncclwatch {args.command}: configuration error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE

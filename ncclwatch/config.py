@@ -143,6 +143,8 @@ class IngestConfig:
     max_future_s: float = 3600.0
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9465
+    # exporter-toolkit web config (TLS, basic auth) of the metrics endpoint: ncclwatch/exposition.py
+    metrics_web_config: str = ""
 
     def __post_init__(self) -> None:
         # Checked here, not where the first log line is read: a bad zone is a config error.
@@ -176,6 +178,7 @@ class DetectorConfig:
     state_path: str = ""  # where `ncclwatch watch` persists baselines
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9466
+    metrics_web_config: str = ""  # as ingest.metrics_web_config
     max_metric_keys: int = 2000  # bound on per-key metric series
     # `ncclwatch worker`'s Faust data directory. Its tables live in memory and are rebuilt
     # from their changelog topic, so nothing there must survive a restart: empty means a

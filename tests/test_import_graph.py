@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     # runners: the commands, the Faust app, the local mode, replay and evaluation
     "ncclwatch": RUNNER,  # the package's training-process API (report_throughput)
     "ncclwatch.cli": RUNNER, "ncclwatch.config_cmd": RUNNER, "ncclwatch.plugin_cmd": RUNNER,
+    "ncclwatch.exposition": RUNNER,  # the one metrics server of forward, worker and watch
     "ncclwatch.ingest.forward": RUNNER,
     "ncclwatch.detectors.watch": RUNNER, "ncclwatch.detectors.faust_app": RUNNER,
     "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.drivers": RUNNER,

@@ -20,7 +20,7 @@ import pytest
 
 from ncclwatch import testing
 
-METRICS_LINE = re.compile(r"metrics on http://([0-9.]+):(\d+)/metrics|event=metrics_listening addr=(\S+) port=(\d+)")
+METRICS_LINE = re.compile(r"metrics on https?://([0-9.]+):(\d+)/metrics|event=metrics_listening addr=(\S+) port=(\d+)")
 
 
 @contextmanager
