@@ -26,8 +26,8 @@ as absent), plus the static labels of ``config.alerting.alert_labels``.
 >>> "rank" in a["labels"]
 False
 >>> print(a["annotations"]["summary"])
-AllReduce 64MiB over net (comm dp) on node-3: bus bandwidth down 25% (network path),
-job throughput -13.0%
+AllReduce 64MiB over net (comm dp 0x00000000000000ab) on node-3: bus bandwidth down 25%
+(network path), job throughput -13.0%
 >>> a["startsAt"]
 '2023-11-14T22:13:20.000Z'
 >>> format_line(a, "firing")
@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from ncclwatch.describe import where_of
 from ncclwatch.records import AnomalyEvent
 
 ALERT_NAMES: dict[str, str] = {
@@ -164,30 +165,11 @@ def _dashboard_for(ev: AnomalyEvent, links: AlertLinks, cluster: str) -> str:
     return links.dashboard(DASHBOARD_COMM, variables, from_ns, ev.end_ns)
 
 
-def _where(ev: AnomalyEvent) -> str:
-    key = ev.key
-    parts = []
-    if key.get("op"):
-        parts.append(key["op"])
-    if key.get("size_bucket"):
-        parts.append(key["size_bucket"])
-    if key.get("transport"):
-        parts.append(f"over {key['transport']}")
-    if key.get("comm_name") or key.get("comm"):
-        parts.append(f"(comm {key.get('comm_name') or key.get('comm')})")
-    where = " ".join(parts) or "all collectives"
-    if ev.rank is not None:
-        where += f" rank {ev.rank}"
-    if ev.host:
-        where += f" on {ev.host}"
-    return where
-
-
 def _summary(ev: AnomalyEvent) -> str:
     tput = ""
     if ev.throughput_delta is not None:
         tput = f", job throughput {ev.throughput_delta * 100:+.1f}%"
-    where = _where(ev)
+    where = where_of(ev)
     if ev.type == "telemetry_loss":
         return f"ncclwatch telemetry lost for job {ev.job} ({where})"
     if ev.type == "throughput_drop":

@@ -40,6 +40,7 @@ from ncclwatch.ingest.recording import (
 )
 
 from ncclwatch.config import Config
+from ncclwatch.describe import where
 from ncclwatch.records import (
     AnomalyEvent,
     DropRecord,
@@ -228,15 +229,6 @@ def _rel(run: Run, ns: int) -> str:
     return f"+{(ns - run.t0_ns) / 1e9:.0f} s"
 
 
-def _where(key: dict, ev: AnomalyEvent | None) -> str:
-    parts = [str(key[k]) for k in ("comm", "op", "size_bucket", "transport") if key.get(k)]
-    if ev is not None and ev.host:
-        parts.append(f"host {ev.host}")
-    if ev is not None and ev.rank is not None:
-        parts.append(f"rank {ev.rank}")
-    return " ".join(parts) or "whole job"
-
-
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:+.1%}"
 
@@ -290,8 +282,9 @@ def _job_section(run: Run, job: str, figs: dict[str, str]) -> list[str]:
             if ev.baseline_busbw_gbs is not None and ev.observed_busbw_gbs is not None:
                 bw = f"{ev.baseline_busbw_gbs:.1f} → {ev.observed_busbw_gbs:.1f} GB/s"
             dur = f"{(i.end_ns - i.start_ns) / 1e9:.0f} s" + (" (still firing)" if i.open else "")
+            place = where(i.key, host=ev.host, rank=ev.rank, whole="whole job")
             out.append(
-                f"| {n} | {i.kind} | {_where(i.key, ev)} | {_rel(run, i.start_ns)} | {dur} | {bw} "
+                f"| {n} | {i.kind} | {place} | {_rel(run, i.start_ns)} | {dur} | {bw} "
                 f"| {ev.effect:.0%} | {_pct(ev.throughput_delta)} | {ev.severity} |"
             )
     else:

@@ -46,6 +46,7 @@ from ncclwatch.ingest.recording import (  # noqa: F401 (re-exported: the drivers
 
 from ncclwatch import private
 from ncclwatch.config import DetectorConfig
+from ncclwatch.describe import where_of
 from ncclwatch.records import (
     AnomalyEvent,
     DropRecord,
@@ -332,21 +333,6 @@ def _duration(ns: int) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def where_text(event: AnomalyEvent) -> str:
-    """``job=… comm=… AllReduce 32MiB net host=… rank=…``: what the anomaly is about."""
-    key = event.key or {}
-    parts = [f"job={event.job}"]
-    if key.get("comm"):
-        name = key.get("comm_name")
-        parts.append(f"comm={name}({key['comm']})" if name else f"comm={key['comm']}")
-    parts += [str(key[k]) for k in ("op", "size_bucket", "transport") if key.get(k)]
-    if event.host is not None:
-        parts.append(f"host={event.host}")
-    if event.rank is not None:
-        parts.append(f"rank={event.rank}")
-    return " ".join(parts)
-
-
 def format_event(event: AnomalyEvent) -> str:
     """One line per firing or resolved anomaly, for people watching a terminal.
 
@@ -357,10 +343,10 @@ def format_event(event: AnomalyEvent) -> str:
     ...     observed_busbw_gbs=12.1, effect=0.335, attribution="network",
     ...     throughput_delta=-0.128, severity="critical", evidence={})
     >>> print(format_event(ev))
-    FIRING network_path job=llm-7 comm=0x00000000000000ab AllReduce 32MiB net:
+    FIRING network_path job=llm-7 AllReduce 32MiB over net (comm 0x00000000000000ab):
     busbw 18.2 → 12.1 GB/s (-34%) since ..., throughput -12.8% [critical]
     """
-    head = f"{event.state.upper()} {event.type} {where_text(event)}"
+    head = f"{event.state.upper()} {event.type} job={event.job} {where_of(event, whole='(whole job)')}"
     if event.baseline_busbw_gbs is not None and event.observed_busbw_gbs is not None:
         what = f"busbw {event.baseline_busbw_gbs:.1f} → {event.observed_busbw_gbs:.1f} GB/s ({-event.effect:+.0%})"
     else:

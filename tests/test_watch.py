@@ -45,7 +45,7 @@ def test_watch_once_prints_the_firing_line_and_writes_the_event(tmp_path, capsys
     assert not [e for e in _firing(events) if e["key"]["transport"] == "nvlink"]
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if x.startswith("FIRING network_path"))
-    assert f"job={info['job']}" in line and "AllReduce 32MiB net" in line
+    assert f"job={info['job']}" in line and "AllReduce 32MiB over net (comm " in line
     assert "GB/s" in line and "since" in line and "[" in line
 
 

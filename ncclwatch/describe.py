@@ -1,0 +1,39 @@
+"""How people are told where an anomaly is: one phrasing for the console, the alerts and
+the report.
+
+>>> where({"op": "AllReduce", "size_bucket": "32MiB", "transport": "net",
+...        "comm": "0x00000000000000ab", "comm_name": "tp"}, host="node7", rank=1)
+'AllReduce 32MiB over net (comm tp 0x00000000000000ab) rank 1 on node7'
+>>> where({"comm": "0x00000000000000ab", "comm_name": ""})
+'(comm 0x00000000000000ab)'
+>>> where({}), where({}, whole="whole job")
+('all collectives', 'whole job')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def where(key: Mapping[str, Any] | None, *, host: str | None = None, rank: int | None = None,
+          whole: str = "all collectives") -> str:
+    """The key's operation, size, transport and communicator, then the rank and host when
+    the anomaly names them; ``whole`` when it names none of these (a job-wide anomaly)."""
+    key = key or {}
+    parts = [str(key[k]) for k in ("op", "size_bucket") if key.get(k)]
+    if key.get("transport"):
+        parts.append(f"over {key['transport']}")
+    comm, name = key.get("comm"), key.get("comm_name")
+    if comm or name:
+        parts.append(f"(comm {' '.join(str(x) for x in (name, comm) if x)})")
+    if rank is not None:
+        parts.append(f"rank {rank}")
+    if host:
+        parts.append(f"on {host}")
+    return " ".join(parts) or whole
+
+
+def where_of(event: Any, whole: str = "all collectives") -> str:
+    """:func:`where` of an ``AnomalyEvent``."""
+    return where(event.key, host=event.host, rank=event.rank, whole=whole)
