@@ -760,6 +760,16 @@ class Pipeline:
             inc.severity = "critical"  # it costs the job at least throughput_drop
         self._emit(inc.event("firing", job.watermark), out)
 
+    @staticmethod
+    def _hosts_of(job: JobState, members: list) -> list[str]:
+        """The nodes whose ranks the incident's keys span (a network path's two ends)."""
+        hosts: set[str] = set()
+        for gk in members:
+            ks = job.keys.get(gk[:4])
+            if ks is not None:
+                hosts.update(ks.rank_host.values())
+        return sorted(hosts)
+
     def _reattribute(self, job: JobState, inc: Incident) -> bool:
         """Name the transport class that degraded now, whichever key fired first.
 
@@ -807,6 +817,8 @@ class Pipeline:
                     ks.incident = other.id
                 other.members.append(gk)
                 other.n_members += 1
+            if want == "network_path":
+                other.evidence["hosts"] = self._hosts_of(job, other.members)
             del job.incidents[inc.id]
             return False
         del job.incidents[inc.id]
@@ -814,7 +826,8 @@ class Pipeline:
         inc.attribution = "network" if want == "network_path" else "intra_node"
         inc.scope = "" if want == "network_path" else (inc.host or "")
         if want == "network_path":
-            inc.host = None
+            inc.host = None  # a path between nodes: the nodes are in evidence["hosts"]
+            inc.evidence["hosts"] = self._hosts_of(job, inc.members)
         inc.id = incident_id(job.job, inc.type, inc.scope, inc.start_ns)
         job.incidents[inc.id] = inc
         for gk in inc.members:
@@ -870,6 +883,8 @@ class Pipeline:
             if inc.key.get(f) != val:
                 inc.key[f] = None
         ks.incident = inc.id
+        if inc.type == "network_path":
+            inc.evidence["hosts"] = sorted(set(inc.evidence.get("hosts", ())) | set(ks.rank_host.values()))
 
     def _key_resolved(self, job: JobState, ks: KeyState, end_ns: int | None, out: list) -> None:
         inc = job.incidents.get(ks.incident) if ks.incident else None

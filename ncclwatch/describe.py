@@ -35,5 +35,9 @@ def where(key: Mapping[str, Any] | None, *, host: str | None = None, rank: int |
 
 
 def where_of(event: Any, whole: str = "all collectives") -> str:
-    """:func:`where` of an ``AnomalyEvent``."""
-    return where(event.key, host=event.host, rank=event.rank, whole=whole)
+    """:func:`where` of an ``AnomalyEvent``; a network path names the nodes at its ends
+    (``evidence["hosts"]``) when the event names no single host."""
+    host = event.host
+    if host is None and (event.evidence or {}).get("hosts"):
+        host = ", ".join(event.evidence["hosts"])
+    return where(event.key, host=host, rank=event.rank, whole=whole)
