@@ -38,6 +38,7 @@ import glob
 import logging
 import os
 import re
+import time
 from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
@@ -387,6 +388,9 @@ class SpoolTailer(Tailer):
         super().__init__(positions, **kwargs)
         self.spool_dir = spool_dir
         self._sids: dict[str, str] = {}
+        self._listed: dict[str, tuple[int, list]] = {}  # dir (+ "/" for its subdirs) -> (mtime, listing)
+        self._streams: list[list[str]] | None = None  # the last answer, while nothing changed
+        self._relisted = False
 
     def stream_id(self, path: str) -> str:
         """``<dir>/<stream>`` of a segment path: every segment of a stream has the same.
@@ -404,24 +408,58 @@ class SpoolTailer(Tailer):
         return sid
 
     def discover(self) -> list[list[str]]:
-        streams: dict[str, list[tuple[int, str]]] = {}
-        dirs = [self.spool_dir]
-        try:
-            with os.scandir(self.spool_dir) as it:
-                dirs.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
-        except FileNotFoundError:
+        """Every stream's segments, in read order. A directory is listed again only when
+        its modification time changed (a segment was created or deleted in it), so a
+        poll costs one ``stat`` per job directory, not one directory entry per segment.
+        Directories modified in the last ``RACY_S`` are listed every time: a file created
+        in the same clock tick as the last listing leaves the time unchanged."""
+        self._relisted = False
+        root = self._listing(self.spool_dir, dirs=True)
+        if root is None:
             return []
-        for d in dirs:
-            try:
-                with os.scandir(d) as it:
-                    for e in it:
-                        seg = segment_of(e.name)
-                        if seg is None or not e.is_file(follow_symlinks=False):
-                            continue
-                        streams.setdefault(os.path.join(d, seg[0]), []).append((seg[1], e.path))
-            except FileNotFoundError:
-                continue
-        return [[p for _, p in sorted(segs)] for _, segs in sorted(streams.items())]
+        listings = [self._listing(d) for d in [self.spool_dir, *root]]
+        if not self._relisted and self._streams is not None:
+            return [list(s) for s in self._streams]  # nothing changed: the last answer
+        streams: dict[str, list[tuple[int, str]]] = {}
+        for listing in listings:
+            for stream, segment, path in listing or ():
+                streams.setdefault(stream, []).append((segment, path))
+        for gone in set(self._listed) - {self.spool_dir + "/", self.spool_dir, *root}:
+            del self._listed[gone]  # a job directory that was removed
+        self._streams = [[p for _, p in sorted(segs)] for _, segs in sorted(streams.items())]
+        return [list(s) for s in self._streams]
+
+    RACY_S = 2.0
+
+    def _listing(self, d: str, dirs: bool = False) -> list | None:
+        """``d``'s subdirectories (``dirs``) or its segments as (stream, segment, path),
+        from the last listing while ``d`` is unchanged; None if ``d`` is gone."""
+        key = d + "/" if dirs else d
+        try:
+            mtime = os.stat(d).st_mtime_ns
+        except (FileNotFoundError, NotADirectoryError):
+            self._relisted = self._relisted or self._listed.pop(key, None) is not None
+            return None
+        cached = self._listed.get(key)
+        if cached is not None and cached[0] == mtime and time.time_ns() - mtime > self.RACY_S * 1e9:
+            return cached[1]
+        out: list = []
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if dirs:
+                        if e.is_dir(follow_symlinks=False):
+                            out.append(e.path)
+                        continue
+                    seg = segment_of(e.name)
+                    if seg is not None and e.is_file(follow_symlinks=False):
+                        out.append((os.path.join(d, seg[0]), seg[1], e.path))
+        except (FileNotFoundError, NotADirectoryError):
+            self._relisted = self._relisted or self._listed.pop(key, None) is not None
+            return None
+        self._listed[key] = (mtime, out)
+        self._relisted = True
+        return out
 
 
 class FileTailer(Tailer):

@@ -192,3 +192,33 @@ def test_file_tailer_follows_globs(tmp_path):
 def test_chunk_size_must_exceed_line_limit():
     with pytest.raises(ValueError):
         SpoolTailer("/tmp", chunk_bytes=10, max_line_bytes=10)
+
+
+def test_discovery_lists_only_directories_that_changed(tmp_path, monkeypatch):
+    """A poll of an unchanged spool lists no directory (one stat per job directory); a new
+    or deleted segment changes its directory's time and is seen at the next poll."""
+    import os as os_mod
+    import time as time_mod
+
+    from ncclwatch.ingest import spool as spool_mod
+
+    old = time_mod.time() - 60
+    for job in ("a", "b", "c"):
+        (tmp_path / job).mkdir()
+        for pid in range(4):
+            (tmp_path / job / f"h-GPU-0-{pid}.000000.jsonl").write_bytes(b"")
+        os_mod.utime(tmp_path / job, (old, old))
+    os_mod.utime(tmp_path, (old, old))
+    t = spool_mod.SpoolTailer(str(tmp_path))
+    assert len(t.discover()) == 12
+    listed = []
+    real = os_mod.scandir
+    monkeypatch.setattr(spool_mod.os, "scandir", lambda d: listed.append(d) or real(d))
+    assert len(t.discover()) == 12 and listed == []
+    (tmp_path / "b" / "h-GPU-0-9.000000.jsonl").write_bytes(b"")  # a new stream in b
+    streams = t.discover()
+    assert len(streams) == 13 and listed == [str(tmp_path / "b")]
+    (tmp_path / "b" / "h-GPU-0-9.000000.jsonl").unlink()
+    (tmp_path / "d").mkdir()  # a new job
+    (tmp_path / "d" / "h-GPU-1-1.000000.jsonl").write_bytes(b"")
+    assert len(t.discover()) == 13
