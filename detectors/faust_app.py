@@ -1,6 +1,6 @@
 """``ncclwatch worker``: the detectors as a Faust stream processor over Kafka.
 
-Wiring only; the logic is :class:`~ncclwatch.detectors.drivers.StreamCore` (plain
+Wiring only; the logic is :class:`~ncclwatch.detectors.stream.StreamCore` (plain
 Python, shared with ``watch`` and ``replay``)::
 
     nccl.ops ──(drop, plugin_stats only)──> <app-id>-telemetry (re-keyed by job)
@@ -41,16 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ncclwatch.detectors.drivers import (
-    TELEMETRY_KINDS,
-    BatchOutcome,
-    JobDetectors,
-    Message,
-    StreamCore,
-    decode_message,
-    message_lines,
-    record_time_ns,
-)
+from ncclwatch.detectors.messages import TELEMETRY_KINDS, Message, decode_message, message_lines
+from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, StreamCore
+from ncclwatch.ingest.recording import record_time_ns
 
 from ncclwatch import progress
 from ncclwatch.config import Config, KafkaConfig

@@ -36,16 +36,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncclwatch.detectors.drivers import (
+from ncclwatch.detectors.messages import message_lines
+from ncclwatch.detectors.playback import EventsFile, Pacer
+from ncclwatch.ingest.recording import (
     KIND_ORDER,
-    EventsFile,
-    Pacer,
+    Options,
     ReadStats,
-    message_lines,
+    RecordingError,
+    add_source_arguments,
+    iter_records,
     order_key,
     record_time_ns,
 )
-from ncclwatch.ingest.recording import Options, RecordingError, add_source_arguments, iter_records
 
 from ncclwatch import progress
 from ncclwatch.config import Config

@@ -38,27 +38,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ncclwatch.detectors.drivers import (
-    KIND_ORDER,
-    STATE_VERSION,
-    EventsFile,
-    JobDetectors,
-    Pacer,
-    TimeMerge,
-    format_event,
-    record_time_ns,
-    write_jsonl_atomic,
-)
+from ncclwatch.detectors.console import format_event
+from ncclwatch.detectors.playback import EventsFile, Pacer, write_jsonl_atomic
+from ncclwatch.detectors.stream import STATE_VERSION, JobDetectors, TimeMerge
 from ncclwatch.ingest.live import LiveSources
 from ncclwatch.ingest.recording import (
     INSPECTOR,
     INSPECTOR_LATENESS_S,
+    KIND_ORDER,
     Options,
     ReadStats,
     RecordingError,
     add_source_arguments,
     file_kind,
     read_recording,
+    record_time_ns,
 )
 
 from ncclwatch import progress

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncclwatch.detectors.drivers import JobDetectors, order_key, record_time_ns
+from ncclwatch.detectors.stream import JobDetectors
+from ncclwatch.ingest.recording import order_key, record_time_ns
 
 from ncclwatch import testing
 from ncclwatch.config import load

@@ -34,7 +34,7 @@ from drivers_support import (
     wait_consumed,
     write_spool,
 )
-from ncclwatch.detectors.drivers import order_key
+from ncclwatch.ingest.recording import order_key
 
 from ncclwatch import cli, testing
 from ncclwatch.records import to_json
@@ -190,7 +190,8 @@ def test_the_order_records_of_one_instant_arrive_in_does_not_matter():
     change what the detectors say: the drivers hand an instant over in one order."""
     import random
 
-    from ncclwatch.detectors.drivers import JobDetectors, record_time_ns
+    from ncclwatch.detectors.stream import JobDetectors
+    from ncclwatch.ingest.recording import record_time_ns
 
     from ncclwatch.config import DetectorConfig
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ncclwatch.alerting.alerts import AlertLinks, alert_from_event
 from ncclwatch.detectors import scenarios
-from ncclwatch.detectors.drivers import format_event
+from ncclwatch.detectors.console import format_event
 from ncclwatch.detectors.pipeline import detect_all
 
 from ncclwatch.config import DetectorConfig

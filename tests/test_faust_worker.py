@@ -18,7 +18,7 @@ from drivers_support import (
     wait_consumed,
     window_scenario,
 )
-from ncclwatch.detectors.drivers import record_time_ns
+from ncclwatch.ingest.recording import record_time_ns
 
 from ncclwatch import testing
 from ncclwatch.records import DropRecord, to_json

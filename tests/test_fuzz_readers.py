@@ -28,7 +28,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ncclwatch.detectors.drivers import DETECTOR_KINDS, Message, decode_message, message_lines
+from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message, message_lines
 from ncclwatch.ingest.parse import parse, to_record
 from ncclwatch.ingest.synth import stream_lines
 

@@ -31,9 +31,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from ncclwatch.detectors.drivers import ReadStats, read_recording
 from ncclwatch.detectors.evaluate import evaluate, read_events
 from ncclwatch.detectors.labels import LabelSet
+from ncclwatch.ingest.recording import ReadStats, read_recording
 
 from ncclwatch import cli
 from ncclwatch.config import load

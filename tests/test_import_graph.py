@@ -30,7 +30,9 @@ LAYERS: dict[str, int] = {
     "ncclwatch.exposition": RUNNER,  # the one metrics server of forward, worker and watch
     "ncclwatch.ingest.forward": RUNNER,
     "ncclwatch.detectors.watch": RUNNER, "ncclwatch.detectors.faust_app": RUNNER,
-    "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.drivers": RUNNER,
+    "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.stream": RUNNER,
+    "ncclwatch.detectors.messages": RUNNER, "ncclwatch.detectors.playback": RUNNER,
+    "ncclwatch.detectors.console": RUNNER,
     "ncclwatch.detectors.drain": RUNNER, "ncclwatch.detectors.evaluate": RUNNER,
     "ncclwatch.dashboards.report": RUNNER, "ncclwatch.alerting.alert_test": RUNNER,
     "ncclwatch.alerting.prom_rules": RUNNER,

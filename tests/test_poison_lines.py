@@ -25,7 +25,7 @@ from drivers_support import (
     window_scenario,
     write_spool,
 )
-from ncclwatch.detectors.drivers import DETECTOR_KINDS, Message, decode_message
+from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.parse import parse

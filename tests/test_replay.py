@@ -18,7 +18,7 @@ from drivers_support import (
     topics_env,
     window_scenario,
 )
-from ncclwatch.detectors.drivers import record_time_ns
+from ncclwatch.ingest.recording import record_time_ns
 
 from ncclwatch import cli, testing
 from ncclwatch.records import to_json

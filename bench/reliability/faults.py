@@ -173,7 +173,7 @@ def run_worker_kill9(work: Path) -> dict:
     input (events are at-least-once: a duplicate is the same (id, state) again)."""
     from kafka import KafkaAdminClient, KafkaProducer
     from ncclwatch.detectors import scenarios
-    from ncclwatch.detectors.drivers import record_time_ns
+    from ncclwatch.ingest.recording import record_time_ns
 
     from ncclwatch import config
     from ncclwatch.records import to_json

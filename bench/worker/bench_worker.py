@@ -71,7 +71,7 @@ def window_messages(n: int, per_message: int = 1) -> list[tuple[str, bytes, byte
     """(topic kind, key, value, timestamp ms) for ~n windows: copies of a healthy 2x8 job,
     ``per_message`` consecutive windows of a job packed into one message (JSON Lines)."""
     from ncclwatch.detectors import scenarios
-    from ncclwatch.detectors.drivers import record_time_ns
+    from ncclwatch.ingest.recording import record_time_ns
 
     base, _ = scenarios.generate(scenarios.by_name("steady_2x8"))
     n_windows = sum(1 for r in base if r.KIND == "window")

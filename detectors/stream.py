@@ -7,53 +7,40 @@ Kafka or Faust, so it is tested directly:
 - :class:`JobDetectors`: one ``Pipeline`` per job. A job is the unit of state in the
   Faust worker (its table is keyed by job), so the local drivers split state the same
   way and both give the same events for the same input.
+- :class:`TimeMerge`: input partitions merged into record-time order.
 - :class:`StreamCore`: the worker's logic for a batch of Kafka messages (decode,
   dead-letter, skip what the saved state has already seen, detect, snapshot).
-- :func:`format_event`: the one line a person reads per firing or resolved anomaly.
-- :class:`Pacer`: replay at N× the speed the records were written.
-- :func:`read_recording` (from :mod:`ncclwatch.ingest.recording`, where every command
-  that replays reads its sources): a recording as records in time order.
 
->>> record_time_ns(ThroughputRecord(job="j", host="h", rank=0, ts_ns=7, step=1,
-...                                 tflops_per_gpu=1.0, tokens_per_s=None, source="api"))
-7
+Next to it: :mod:`~ncclwatch.detectors.messages` (decoding Kafka messages),
+:mod:`~ncclwatch.detectors.console` (the line per anomaly),
+:mod:`~ncclwatch.detectors.playback` (pacing, events and state files), and
+:mod:`ncclwatch.ingest.recording` (reading a recording in time order).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from ncclwatch.ingest.parse import parse_record
-from ncclwatch.ingest.recording import (  # noqa: F401 (re-exported: the drivers' vocabulary)
+from ncclwatch.detectors.messages import (
+    DETECTOR_KINDS,
+    Message,
+    decode_message,
+    message_lines,
+)
+from ncclwatch.ingest.recording import (
     KIND_ORDER,
-    ReadStats,
-    iter_recording_lines,
-    opened_recording,
-    order_key,
-    read_recording,
     record_time_ns,
 )
 
-from ncclwatch import private
 from ncclwatch.config import DetectorConfig
-from ncclwatch.describe import where_of
 from ncclwatch.records import (
     AnomalyEvent,
-    DropRecord,
-    PluginStats,
     Quarantined,
-    ThroughputRecord,
-    WindowSummary,
     from_json,
     to_dict,
     to_json,
@@ -318,213 +305,6 @@ class JobDetectors:
 
 
 # --- the one line per anomaly ------------------------------------------------------------
-
-
-def _clock(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9).strftime("%H:%M:%S")
-
-
-def _duration(ns: int) -> str:
-    s = max(0, round(ns / 1e9))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def format_event(event: AnomalyEvent) -> str:
-    """One line per firing or resolved anomaly, for people watching a terminal.
-
-    >>> ev = AnomalyEvent(id="a1", type="network_path", state="firing", job="llm-7",
-    ...     key={"comm": "0x00000000000000ab", "comm_name": "", "op": "AllReduce",
-    ...          "size_bucket": "32MiB", "transport": "net"}, host=None, rank=None,
-    ...     start_ns=0, end_ns=None, detected_ns=0, baseline_busbw_gbs=18.2,
-    ...     observed_busbw_gbs=12.1, effect=0.335, attribution="network",
-    ...     throughput_delta=-0.128, severity="critical", evidence={})
-    >>> print(format_event(ev))
-    FIRING network_path job=llm-7 AllReduce 32MiB over net (comm 0x00000000000000ab):
-    busbw 18.2 → 12.1 GB/s (-34%) since ..., throughput -12.8% [critical]
-    """
-    head = f"{event.state.upper()} {event.type} job={event.job} {where_of(event, whole='(whole job)')}"
-    if event.baseline_busbw_gbs is not None and event.observed_busbw_gbs is not None:
-        what = f"busbw {event.baseline_busbw_gbs:.1f} → {event.observed_busbw_gbs:.1f} GB/s ({-event.effect:+.0%})"
-    else:
-        what = f"{event.attribution} loss {event.effect:.0%}"
-    if event.state == "firing":
-        what += f" since {_clock(event.start_ns)}"
-    else:
-        end_ns = event.end_ns if event.end_ns is not None else event.detected_ns
-        span = f"{_clock(event.start_ns)}–{_clock(end_ns)}"
-        what += f", lasted {_duration(end_ns - event.start_ns)} ({span})"
-    if event.throughput_delta is not None:
-        what += f", throughput {event.throughput_delta:+.1%}"
-    return f"{head}: {what} [{event.severity}]"
-
-
-# --- pacing ------------------------------------------------------------------------------
-
-
-class Pacer:
-    """Hold records back so they come out at ``speed``× the rate they were written.
-
-    ``speed`` 0 means as fast as possible. The first record sets the origin; a record
-    older than the previous one is let through at once (spools are only roughly ordered).
-
-    >>> slept = []
-    >>> p = Pacer(10.0, clock=lambda: 0.0, sleep=slept.append)
-    >>> p.wait(1_000_000_000); p.wait(3_000_000_000)
-    >>> slept
-    [0.2]
-    """
-
-    def __init__(
-        self,
-        speed: float,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Any] = time.sleep,
-    ):
-        if speed < 0:
-            raise ValueError(f"speed must be >= 0, got {speed}")
-        self.speed = speed
-        self.clock = clock
-        self.sleep = sleep
-        self._origin: tuple[int, float] | None = None
-
-    def delay_s(self, t_ns: int) -> float:
-        """Seconds to wait before the record of time ``t_ns`` is due."""
-        if self.speed == 0:
-            return 0.0
-        if self._origin is None:
-            self._origin = (t_ns, self.clock())
-            return 0.0
-        t0_ns, wall0 = self._origin
-        due = wall0 + (t_ns - t0_ns) / 1e9 / self.speed
-        return max(0.0, due - self.clock())
-
-    def wait(self, t_ns: int) -> None:
-        d = self.delay_s(t_ns)
-        if d > 0:
-            self.sleep(d)
-
-
-# --- recorded spools ---------------------------------------------------------------------
-
-
-def write_jsonl_atomic(path: str | Path, obj: Any) -> None:
-    """Write a JSON document so a crash leaves the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class EventsFile:
-    """Anomaly events appended as JSON lines (``--events-out``), flushed per event."""
-
-    def __init__(self, path: str | Path | None):
-        self._f: io.TextIOBase | None = None
-        if path:
-            private.makedirs(Path(path).parent)
-            # 0600 whatever the umask: events name jobs, hosts and communicators
-            self._f = os.fdopen(private.open_append(path), "a", encoding="utf-8")
-
-    def write(self, event: AnomalyEvent) -> None:
-        if self._f is not None:
-            from ncclwatch.records import to_json
-
-            self._f.write(to_json(event) + "\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-
-
-# --- the worker's batch logic ------------------------------------------------------------
-
-# Which record kinds each input may carry; anything else breaks the contract of the topic.
-DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats)
-TELEMETRY_KINDS = (DropRecord, PluginStats)
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A Kafka message as the core sees it, whatever client delivered it."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int | None = None
-
-
-def message_lines(value: bytes) -> list[bytes]:
-    """The records of one message: one JSON line, or several (JSON Lines).
-
-    The forwarder packs many op records into one message (``--ops-per-message``) and a
-    producer may pack windows the same way, which is what makes Kafka and Faust cheap
-    per record; every input of the worker and of replay accepts both.
-
-    >>> message_lines(b'{"a":1}'), message_lines(b'{"a":1}\\n{"b":2}\\n')
-    ([b'{"a":1}'], [b'{"a":1}', b'{"b":2}'])
-    """
-    if b"\n" not in value:
-        return [value]
-    return [line for line in value.split(b"\n") if line]
-
-
-def dead_letter(msg: Message, stage: str, reason: str, detail: str, raw_line: bytes | None = None) -> Quarantined:
-    """A message (or one line of it) that cannot be used, with why and where it came from."""
-    raw = (msg.value if raw_line is None else raw_line) or b""
-    raw = raw[:4096].decode("utf-8", errors="replace")
-    return Quarantined(
-        stage=stage,
-        reason=reason,
-        detail=detail,
-        source=f"kafka:{msg.topic}/{msg.partition}",
-        offset=msg.offset,
-        raw=raw,
-    )
-
-
-def decode_message(
-    msg: Message, allowed: tuple[type, ...], *, key_is_job: bool = True, line: bytes | None = None
-) -> Any:
-    """The message's record (or that of ``line`` of it), or a :class:`Quarantined` saying
-    why it is not usable here.
-
-    Besides the record contract, a topic has its own: only some kinds belong on it, and
-    its key is the record's job, which is what puts a whole job on one partition (a
-    record on the wrong partition would split the job's state across workers).
-    """
-    raw = msg.value if line is None else line
-    if raw is None:
-        return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
-    rec = parse_record(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
-    if isinstance(rec, Quarantined):
-        return rec
-    if not isinstance(rec, allowed):
-        kinds = ", ".join(sorted(c.KIND for c in allowed))
-        detail = f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})"
-        return dead_letter(msg, "schema", "schema", detail, raw)
-    if key_is_job and msg.key is not None and msg.key != rec.job.encode("utf-8"):
-        return dead_letter(
-            msg,
-            "schema",
-            "schema",
-            f"message key {msg.key[:200]!r} is not the record's job {rec.job!r}: "
-            "the job would be split across partitions",
-            raw,
-        )
-    return rec
 
 
 class TimeMerge:
