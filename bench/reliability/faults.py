@@ -135,6 +135,24 @@ def wait_for(cond, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def kill9_during_progress(start, progress, total: int, *, times: int = 3, timeout_s: float) -> int:
+    """Start a process up to ``times`` times, each time SIGKILL it a moment after
+    ``progress()`` (acknowledged bytes, committed offsets) moved on, while it is short of
+    ``total``; returns the kills (fewer when a run got to the end before its kill)."""
+    kills = 0
+    for _ in range(times):
+        p = start()
+        before = progress()
+        wait_for(lambda before=before: progress() > before or progress() >= total, timeout_s,
+                 "progress before the kill")
+        time.sleep(0.1)
+        if progress() < total:
+            kills += 1
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    return kills
+
+
 def acked(state: Path) -> int:
     try:
         return sum(json.loads((state / "n1" / "checkpoint.json").read_text())["acked"].values())
@@ -146,21 +164,17 @@ def acked(state: Path) -> int:
 
 
 def run_kill9(work: Path) -> dict:
-    """200,000 records; the forwarder is killed with SIGKILL three times while sending."""
+    """200,000 records; the forwarder is killed with SIGKILL (up to) three times while sending."""
     kafka = testing.ensure_started("kafka").kafka_bootstrap
     spool, state = work / "spool", work / "state"
     sent = write_streams(spool, streams=4, ops=50_000, segment=10_000)
     env = env_for(kafka, testing.unique_name("rel-kill9"))
-    kills = 0
-    for _ in range(3):
-        p = subprocess.Popen(forward_cmd(spool, state), env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        before = acked(state)
-        wait_for(lambda before=before: acked(state) > before, 120, "progress before the kill")
-        time.sleep(0.5)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        kills += 1
+    total = sum(p.stat().st_size for p in spool.rglob("*.jsonl"))
+    # acknowledged segments stay, so acknowledged bytes only grow until the final run
+    kills = kill9_during_progress(
+        lambda: subprocess.Popen(forward_cmd(spool, state, "--no-delete-acked"), env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        lambda: acked(state), total, timeout_s=120)
     done = subprocess.run(forward_cmd(spool, state, "--once"), env=env, capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     got, _ = consume_ids(kafka, env["NCCLWATCH_TOPICS_OPS"])
@@ -219,15 +233,8 @@ def run_worker_kill9(work: Path) -> dict:
     done = worker(reference, "--until-caught-up", anomalies=f"{cfg.topics.anomalies}.reference")
     assert done.wait(timeout=900) == 0, "the reference worker failed"
     app_id = testing.unique_name("rel-wkill")
-    kills = 0
-    for _ in range(3):
-        p = worker(app_id)
-        before = committed(app_id)
-        wait_for(lambda before=before: committed(app_id) > before, 300, "worker progress before the kill")
-        time.sleep(0.5)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        kills += 1
+    end = committed(reference)  # the reference worker drained every input partition
+    kills = kill9_during_progress(lambda: worker(app_id), lambda: committed(app_id), end, timeout_s=300)
     done = worker(app_id, "--until-caught-up")
     assert done.wait(timeout=900) == 0, "the restarted worker failed"
 
