@@ -31,7 +31,9 @@ from ncclwatch.records import Quarantined
 
 # The kinds the spool carries, plus those a file replayed into the forwarder may hold.
 FAST_KINDS = ("op", "drop", "plugin_stats", "throughput", "window")
-_FLOAT_BOUND = float(1 << 63)
+# Below 2^53 every integer is exactly a float: an integer literal in a float field then
+# decodes to the same number the contract parser keeps; larger ones go to that parser.
+_FLOAT_EXACT = float(1 << 53)
 
 
 def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
@@ -39,9 +41,9 @@ def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
 
     The struct may reject more than the contract (the line then goes to the contract
     parser, which decides) but never less: integers carry the contract's int64, time
-    and duration bounds; floats are bounded by 2^63 too, because the contract reads
-    every integer literal of a line as an int64 and msgspec would turn a huge one into
-    a float; closed maps become ``dict[Literal[...], int]``. msgspec itself refuses
+    and duration bounds; floats are bounded by 2^53, because the contract reads every
+    integer literal of a line as an int64 and msgspec turns one into a float, which is
+    the same number only below 2^53; closed maps become ``dict[Literal[...], int]``. msgspec itself refuses
     NaN, Infinity, numbers that overflow and lone surrogate escapes.
     """
     hints = get_type_hints(cls)
@@ -60,7 +62,7 @@ def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
             t = Annotated[int, msgspec.Meta(ge=meta.get("minimum", records.INT64_MIN),
                                             le=meta.get("maximum", records.INT64_MAX))]
         elif base is float:
-            t = Annotated[float, msgspec.Meta(ge=meta.get("minimum", -_FLOAT_BOUND), le=_FLOAT_BOUND)]
+            t = Annotated[float, msgspec.Meta(ge=meta.get("minimum", -_FLOAT_EXACT), lt=_FLOAT_EXACT)]
         elif "keys" in meta:
             t = dict[Literal[tuple(meta["keys"])],  # type: ignore[valid-type]
                      Annotated[int, msgspec.Meta(ge=0, le=records.INT64_MAX)]]
