@@ -1180,7 +1180,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
 
         server = exposition.serve(metrics.registry, cfg.ingest.metrics_addr, port, cfg.ingest.metrics_web_config)
         log.info("event=metrics_listening addr=%s port=%d scheme=%s", cfg.ingest.metrics_addr,
-                 server.server_port, exposition.scheme(cfg.ingest.metrics_web_config))
+                 server.server_port, server.scheme)
     fwd = Forwarder(cfg, opts, metrics=metrics)
     signal.signal(signal.SIGTERM, fwd.stop)
     signal.signal(signal.SIGINT, fwd.stop)

@@ -161,7 +161,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 def serve(registry: CollectorRegistry, addr: str, port: int, web_config: str = "") -> WSGIServer:
     """Serve ``registry`` on ``addr:port`` (port 0: a free one, see ``server_port``) in a
-    daemon thread, with the TLS and basic auth of ``web_config``; returns the server."""
+    daemon thread, with the TLS and basic auth of ``web_config``; returns the server, whose
+    ``scheme`` says ``http`` or ``https``. The web config is read once, here."""
     web = WebConfig.load(web_config)
     app: Callable = make_wsgi_app(registry)
     if web.users:
@@ -172,6 +173,7 @@ def serve(registry: CollectorRegistry, addr: str, port: int, web_config: str = "
     ctx = web.ssl_context()
     if ctx is not None:
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.scheme = "http" if ctx is None else "https"  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, name="ncclwatch-metrics", daemon=True).start()
     return server
 
@@ -180,9 +182,4 @@ def serve_line(registry: CollectorRegistry, section: Any, port: int) -> str:
     """Serve with a config section's ``metrics_addr`` and ``metrics_web_config``; the
     ``metrics on URL`` line the detectors print at start-up."""
     server = serve(registry, section.metrics_addr, port, section.metrics_web_config)
-    return f"metrics on {scheme(section.metrics_web_config)}://{section.metrics_addr}:{server.server_port}/metrics"
-
-
-def scheme(web_config: str) -> str:
-    """``https`` when ``web_config`` turns TLS on, else ``http`` (for the start-up line)."""
-    return "https" if WebConfig.load(web_config).tls else "http"
+    return f"metrics on {server.scheme}://{section.metrics_addr}:{server.server_port}/metrics"
