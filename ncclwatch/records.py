@@ -41,7 +41,9 @@ TIME_MAX_NS = 4_102_444_800 * 10**9 - 1
 DURATION_MAX_NS = 86_400 * 10**9
 
 TRANSPORTS = ("single", "nvlink", "net", "mixed")
-TIMINGS = ("kernel_gpu", "host", "inspector")
+TIMINGS = ("kernel_gpu", "host", "inspector", "sampled_out")
+# Timings whose ops carry no duration (exec_ns 0, bandwidths 0): counted, never measured.
+UNTIMED = frozenset(("host", "sampled_out"))
 DROP_REASONS = ("pool_full", "ring_full", "disk_full", "write_error", "untimed", "quarantined", "other")
 ANOMALY_TYPES = (
     "collective_degraded",

@@ -5,6 +5,7 @@ Standard library only (it runs on the GPU machine too).
     analyze.py capture  CALLS_DIR SPOOL_DIR            (bench/plugin/capture.py under torchrun)
     analyze.py accuracy BENCH_CSV SPOOL_DIR            (nccl_bench accuracy + graph output)
     analyze.py overhead BENCH_CSV                      (nccl_bench overhead runs, interleaved)
+    analyze.py stress   BENCH_CSV SPOOL_DIR            (nccl_bench stress: counts by timing)
 
 Each prints a Markdown report and writes the same numbers as JSON next to the input
 (``--json PATH`` to choose). Matching the plugin's records to calls: the benchmark wrote
@@ -396,9 +397,56 @@ def report_overhead(res: dict) -> str:
     return "\n".join(out)
 
 
+# --- stress -------------------------------------------------------------------------------
+
+
+def analyze_stress(bench_csv: str, spool_dir: str) -> dict:
+    """Issued ops against records, drops and timing sources of one nccl_bench stress run."""
+    (row,) = [r for r in read_csv(bench_csv) if r and r[0] == "stress"]
+    eager, replays, per_graph = int(row[1]), int(row[2]), int(row[3])
+    ops, stats = load_spool(spool_dir)
+    recs = [r for pid_recs in ops.values() for r in pid_recs]
+    timing = collections.Counter(r["timing"] for r in recs)
+    dropped = sum(sum(st["dropped"].values()) for st in stats.values())
+    recorded = sum(st["recorded"] for st in stats.values())
+    graph = sum(1 for r in recs if r["graph"])
+    # GPU-timed exec per (op, size): a channel counter out of step would show as another
+    # op's timestamps (milliseconds for a 1 KiB op), as after a Send/Recv to self.
+    execs: dict[str, list[int]] = collections.defaultdict(list)
+    for r in recs:
+        if r["timing"] == "kernel_gpu":
+            execs[f"{r['op']} {r['bytes']}"].append(r["exec_ns"])
+    exec_us = {k: {"n": len(v), "p50_us": percentile(v, 0.5) / 1e3, "p99_us": percentile(v, 0.99) / 1e3,
+                   "max_us": max(v) / 1e3} for k, v in sorted(execs.items())}
+    return {
+        "issued_eager": eager, "graph_replays": replays, "ops_per_graph": per_graph,
+        "issued": eager + replays * per_graph, "seconds": float(row[4]),
+        "records": len(recs), "recorded_stat": recorded, "dropped": dropped,
+        "graph_records": graph, "timing": dict(timing), "gpu_exec_us": exec_us,
+    }
+
+
+def report_stress(res: dict) -> str:
+    exact = res["records"] + res["dropped"] == res["issued"]
+    return "\n".join([
+        f"- issued: {res['issued']:,} ops ({res['issued_eager']:,} eager + {res['graph_replays']} graph "
+        f"replays x {res['ops_per_graph']} ops) in {res['seconds']:.1f} s",
+        f"- recorded: {res['records']:,} (plugin_stats: {res['recorded_stat']:,}), dropped: {res['dropped']:,}"
+        f" -> recorded + dropped {'==' if exact else '!='} issued"
+        + ("" if exact else f" (difference {res['issued'] - res['records'] - res['dropped']:+,})"),
+        f"- graph replay records: {res['graph_records']:,}",
+        "- timing: " + ", ".join(f"{k} {v:,}" for k, v in sorted(res["timing"].items())),
+        "",
+        "| op bytes | GPU-timed | p50 µs | p99 µs | max µs |",
+        "| --- | --- | --- | --- | --- |",
+        *(f"| {k} | {v['n']:,} | {v['p50_us']:.1f} | {v['p99_us']:.1f} | {v['max_us']:.1f} |"
+          for k, v in res["gpu_exec_us"].items()),
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["capture", "accuracy", "overhead"])
+    ap.add_argument("what", choices=["capture", "accuracy", "overhead", "stress"])
     ap.add_argument("inputs", nargs="+")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -408,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "accuracy":
         res = analyze_accuracy(*args.inputs)
         text = report_accuracy(res)
+    elif args.what == "stress":
+        res = analyze_stress(*args.inputs)
+        text = report_stress(res)
     else:
         res = analyze_overhead(*args.inputs)
         text = report_overhead(res)

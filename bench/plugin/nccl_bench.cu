@@ -3,6 +3,10 @@
 //   nccl_bench overhead LABEL REP   back-to-back batches, per-call latency (CSV on stdout)
 //   nccl_bench accuracy             one call at a time, CUDA events on the NCCL stream
 //   nccl_bench graph                a captured CUDA graph of AllReduces, replayed
+//   nccl_bench stress               >= BENCH_STRESS_OPS ops of mixed kinds and sizes, groups
+//                                   mixing a collective with a Send/Recv ring, then a captured
+//                                   graph of such groups replayed: what sampled GPU timing
+//                                   must survive without a hang and with exact counts
 //
 // Which profiler plugin is loaded is up to NCCL_PROFILER_PLUGIN; run_gpu.sh interleaves
 // processes with no plugin, a do-nothing plugin and ncclwatch.
@@ -11,6 +15,7 @@
 //   overhead: lat,LABEL,REP,OP,BYTES,BATCH,CALLS,PER_CALL_US
 //   accuracy: acc,OP,BYTES,CALL,DEV,EVENT_NS          and  win,OP,BYTES,T0_NS,T1_NS
 //   graph:    graph,OP,BYTES,REPLAYS,OPS_PER_GRAPH,T0_NS,T1_NS
+//   stress:   stress,EAGER_OPS,GRAPH_REPLAYS,OPS_PER_GRAPH,SECONDS (ops counted per communicator)
 // BYTES is the per-rank message size (NCCL count x 4 bytes of float).
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -215,9 +220,78 @@ static void graph() {
   }
 }
 
+// One group: a collective on every communicator, and (kind 3) a Send/Recv ring in the same
+// group. Returns the ops issued (one per call per communicator).
+static long issue_mixed(int kind, size_t bytes) {
+  if (kind < 3) {
+    issue(kind == 0 ? AR : kind == 1 ? AG : SR, bytes);
+    return kind == 2 ? 2L * n_dev : n_dev;
+  }
+  size_t count = bytes / sizeof(float);
+  NCCLCHECK(ncclGroupStart());
+  for (int i = 0; i < n_dev; i++) {
+    int peer = (i + 1) % n_dev, from = (i + n_dev - 1) % n_dev;
+    NCCLCHECK(ncclAllReduce(sbuf[i], rbuf[i], count, ncclFloat, ncclSum, comms[i], streams[i]));
+    NCCLCHECK(ncclSend(sbuf[i], count, ncclFloat, peer, comms[i], streams[i]));
+    NCCLCHECK(ncclRecv(rbuf[i], count, ncclFloat, from, comms[i], streams[i]));
+  }
+  NCCLCHECK(ncclGroupEnd());
+  return 3L * n_dev;
+}
+
+static void stress() {
+  const size_t sizes[] = {1 << 10, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20};
+  long target = env_int("BENCH_STRESS_OPS", 1100000);
+  long issued = 0;
+  unsigned rng = 12345;
+  long long t0 = wall_ns();
+  for (long g = 0; issued < target; g++) {
+    rng = rng * 1103515245u + 12345u;
+    int kind = (rng >> 16) % 4;
+    size_t bytes = sizes[(rng >> 8) % 6];
+    issued += issue_mixed(kind, bytes);
+    if (g % 256 == 255) sync_all();
+  }
+  sync_all();
+  // A graph of mixed groups, captured after the eager phase (wherever the sampler is).
+  const int per_graph = 8, replays = 50;
+  long per_graph_ops = 0;
+  std::vector<cudaGraph_t> gr(n_dev);
+  std::vector<cudaGraphExec_t> ge(n_dev);
+  for (int i = 0; i < n_dev; i++) {
+    CUDACHECK(cudaSetDevice(i));
+    CUDACHECK(cudaStreamBeginCapture(streams[i], cudaStreamCaptureModeGlobal));
+  }
+  for (int k = 0; k < per_graph; k++) per_graph_ops += issue_mixed(k % 4, sizes[k % 6]);
+  for (int i = 0; i < n_dev; i++) {
+    CUDACHECK(cudaSetDevice(i));
+    CUDACHECK(cudaStreamEndCapture(streams[i], &gr[i]));
+  }
+  for (int i = 0; i < n_dev; i++) {
+    CUDACHECK(cudaSetDevice(i));
+    CUDACHECK(cudaGraphInstantiate(&ge[i], gr[i], 0));
+  }
+  for (int r = 0; r < replays; r++) {
+    for (int i = 0; i < n_dev; i++) {
+      CUDACHECK(cudaSetDevice(i));
+      CUDACHECK(cudaGraphLaunch(ge[i], streams[i]));
+    }
+    sync_all();
+  }
+  // Eager again after the capture: the sampler has switched to full timing by now.
+  for (int g = 0; g < 1000; g++) issued += issue_mixed(g % 4, sizes[g % 6]);
+  sync_all();
+  printf("stress,%ld,%d,%ld,%.3f\n", issued, replays, per_graph_ops, (wall_ns() - t0) / 1e9);
+  fflush(stdout);
+  for (int i = 0; i < n_dev; i++) {
+    CUDACHECK(cudaGraphExecDestroy(ge[i]));
+    CUDACHECK(cudaGraphDestroy(gr[i]));
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s overhead LABEL REP | accuracy | graph\n", argv[0]);
+    fprintf(stderr, "usage: %s overhead LABEL REP | accuracy | graph | stress\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1];
@@ -244,6 +318,7 @@ int main(int argc, char** argv) {
   if (mode == "overhead" && argc == 4) overhead(argv[2], atoi(argv[3]));
   else if (mode == "accuracy") accuracy();
   else if (mode == "graph") graph();
+  else if (mode == "stress") stress();
   else {
     fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;

@@ -8,9 +8,12 @@
 #   accuracy  nccl_bench accuracy + graph with ncclwatch (NCCL called from C, system libnccl)
 #   capture   torchrun capture.py with ncclwatch (PyTorch's NCCL), incl. a CUDA-graph loop
 #   fixture   a short torchrun recorded as tests/fixtures/plugin_spool (job fixture-2xh200)
-#   overhead  nccl_bench overhead: REPS interleaved rounds of {no plugin twice, do-nothing
-#             plugin Coll|P2p, do-nothing plugin Coll|P2p|KernelCh, ncclwatch, ncclwatch GPU-timing
-#             1 op in 8} in random order, each process pinned to CORES
+#   stress    nccl_bench stress with sampled GPU timing (1 group in 32): >= 10^6 ops of mixed
+#             kinds and sizes, Send/Recv rings inside groups, a CUDA graph; no hang, exact counts
+#   overhead  nccl_bench overhead: rounds REP_FIRST..REPS of {no plugin, do-nothing plugin
+#             Coll|P2p, do-nothing plugin Coll|P2p|KernelCh, ncclwatch full timing, ncclwatch
+#             sampled 1 in 32 and 1 in 128, NCCL Inspector (if built)} in random order, each
+#             process pinned to CORES, sizes BENCH_SIZES
 #
 # Raw data stays in WORK_DIR; OUT_DIR gets a few summary files (Markdown reports, machine
 # info, one tarball of raw results). NCCL_NVLS_ENABLE=0 throughout.
@@ -33,6 +36,12 @@ stage_build() {
   gcc -std=c11 -O2 -fPIC -shared -DNOOP_MASK=0x46 -o "$B/libnoop-kch.so" bench/plugin/noop_plugin.c
   gcc -std=c11 -O2 -fPIC -shared -DNOOP_MASK=0x06 -o "$B/libnoop-coll.so" bench/plugin/noop_plugin.c
   nvcc -O2 -arch=sm_90 -o "$B/nccl_bench" bench/plugin/nccl_bench.cu -lnccl
+  # NCCL Inspector from NVIDIA's nccl source (plugins/profiler/inspector), when provided.
+  if [ -f .gpu/inspector/Makefile ]; then
+    make -C .gpu/inspector -j8 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" >"$WORK/inspector-build.log" 2>&1 \
+      && cp .gpu/inspector/libnccl-profiler-inspector.so "$B/" || log "inspector build FAILED: $(tail -3 "$WORK/inspector-build.log")"
+    cat .gpu/inspector/SOURCE >> "$OUT/machine.txt" 2>/dev/null || true
+  fi
   {
     echo "date: $(date -u +%FT%TZ)"
     echo "host: $(hostname)  nproc: $(nproc)  cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -97,22 +106,40 @@ stage_fixture() {
   tar -C "$sp" -czf "$OUT/fixture-spool.tar.gz" .
 }
 
+stage_stress() {
+  local sp=$WORK/spool-stress
+  rm -rf "$sp"
+  NCCL_PROFILER_PLUGIN=$PLUGIN NCCLWATCH_SPOOL_DIR=$sp NCCLWATCH_JOB_ID=stress NCCLWATCH_TIMING_SAMPLE=32 \
+    NCCLWATCH_RING_RECORDS=1048576 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$WORK/nccl-stress.%p.log" \
+    timeout 300 "$B/nccl_bench" stress > "$WORK/stress.csv" 2> "$WORK/stress.err" || log "stress run FAILED or hung: exit $?"
+  $PY bench/plugin/analyze.py stress "$WORK/stress.csv" "$sp" --json "$WORK/stress.json" > "$OUT/stress.md" 2>&1
+  plugin_log stress
+}
+
 stage_overhead() {
-  local sp=$WORK/spool-overhead
-  : > "$WORK/overhead.csv"
-  for rep in $(seq 1 "$REPS"); do
-    for cfg in $(shuf -e none none2 noop_coll noop_kch ncclwatch ncclwatch_s8); do
+  local sp=$WORK/spool-overhead idir=$WORK/inspector-overhead
+  local configs="none noop_coll noop_kch ncclwatch_full ncclwatch_s32 ncclwatch_s128"
+  [ -f "$B/libnccl-profiler-inspector.so" ] && configs="$configs inspector"
+  [ "${REP_FIRST:-1}" = 1 ] && : > "$WORK/overhead.csv"
+  for rep in $(seq "${REP_FIRST:-1}" "$REPS"); do
+    for cfg in $(shuf -e $configs); do
       sample=1
       case $cfg in
-        none | none2) lib=none ;;
+        none) lib=none ;;
         noop_coll) lib=$B/libnoop-coll.so ;;
         noop_kch) lib=$B/libnoop-kch.so ;;
-        ncclwatch) lib=$PLUGIN ;;
-        ncclwatch_s8) lib=$PLUGIN sample=8 ;;
+        ncclwatch_full) lib=$PLUGIN ;;
+        ncclwatch_s32) lib=$PLUGIN sample=32 ;;
+        ncclwatch_s128) lib=$PLUGIN sample=128 ;;
+        inspector) lib=$B/libnccl-profiler-inspector.so ;;
       esac
-      rm -rf "$sp"
+      rm -rf "$sp" "$idir"
       # Pinned to the same cores every run: core migrations were most of the run-to-run noise.
+      # Inspector as its README recommends for fine-grained output: JSON dumps every 500 µs,
+      # every message size, P2P tracked.
       NCCL_PROFILER_PLUGIN=$lib NCCLWATCH_SPOOL_DIR=$sp NCCLWATCH_JOB_ID=overhead NCCLWATCH_TIMING_SAMPLE=$sample \
+        NCCL_INSPECTOR_ENABLE=1 NCCL_INSPECTOR_DUMP_DIR=$idir NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=500 \
+        NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES=0 NCCL_INSPECTOR_ENABLE_P2P=1 \
         taskset -c "$CORES" "$B/nccl_bench" overhead "$cfg" "$rep" >> "$WORK/overhead.csv" 2>> "$WORK/overhead.log"
     done
     log "overhead rep $rep done"
@@ -130,6 +157,7 @@ for s in "$@"; do
   set -e
   [ "$rc" = 0 ] || log "stage $s FAILED (exit $rc)"
   log "stage $s took $(($(date +%s) - t0)) s"
-  tar -C "$WORK" --exclude=spool-capture --exclude=spool-overhead --exclude=spool-fixture --exclude=bin \
+  tar -C "$WORK" --exclude=spool-capture --exclude=spool-overhead --exclude=spool-fixture --exclude=spool-stress \
+    --exclude=inspector-overhead --exclude=bin \
     -czf "$OUT/raw.tar.gz" . 2>/dev/null || true
 done

@@ -78,8 +78,10 @@ void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn) {
   cfg->flush_ms = (uint32_t)nw_env_u64("NCCLWATCH_FLUSH_MS", 200, 1, 60000, logfn);
   cfg->op_timeout_ms =
       (uint32_t)nw_env_u64("NCCLWATCH_OP_TIMEOUT_MS", 30000, 1, 24ULL * 3600 * 1000, logfn);
-  /* Only 1 (every op GPU-timed) is supported, see nw_api_start in plugin.c. */
-  cfg->timing_sample = (uint32_t)nw_env_u64("NCCLWATCH_TIMING_SAMPLE", 1, 1, 1, logfn);
+  /* Where the default comes from: plugin/README.md, "Sampled GPU timing". */
+  cfg->timing_sample = (uint32_t)nw_env_u64("NCCLWATCH_TIMING_SAMPLE", NW_TIMING_SAMPLE_DEFAULT, 1,
+                                            1 << 20, logfn);
+  cfg->timing_key_ms = (uint32_t)nw_env_u64("NCCLWATCH_TIMING_KEY_MS", 200, 0, 3600 * 1000, logfn);
   cfg->require_gpu_timing = nw_env_bool("NCCLWATCH_REQUIRE_GPU_TIMING", false, logfn);
   cfg->proxy_events = nw_env_bool("NCCLWATCH_PROXY_EVENTS", false, logfn);
   nw_env_path("NCCLWATCH_INSPECTOR_JSON_DIR", "", cfg->inspector_json_dir,

@@ -18,7 +18,8 @@ struct nw_config {
   uint32_t max_threads;         /* NCCLWATCH_MAX_THREADS: threads that may report events */
   uint32_t flush_ms;            /* NCCLWATCH_FLUSH_MS: writer wake-up period */
   uint32_t op_timeout_ms;       /* NCCLWATCH_OP_TIMEOUT_MS: give up waiting for KernelCh */
-  uint32_t timing_sample;       /* NCCLWATCH_TIMING_SAMPLE: only 1 (every op) is supported */
+  uint32_t timing_sample;       /* NCCLWATCH_TIMING_SAMPLE: GPU-time 1 group in N at random */
+  uint32_t timing_key_ms;       /* NCCLWATCH_TIMING_KEY_MS: and each recurring key this often */
   bool require_gpu_timing;      /* NCCLWATCH_REQUIRE_GPU_TIMING */
   bool proxy_events;            /* NCCLWATCH_PROXY_EVENTS */
   char inspector_json_dir[1024]; /* NCCLWATCH_INSPECTOR_JSON_DIR ("" = off) */
@@ -31,6 +32,10 @@ struct nw_config {
 /* Fill cfg from the environment; each bad value is reported through logfn (may be NULL)
  * and replaced by its default. */
 void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn);
+
+#ifndef NW_TIMING_SAMPLE_DEFAULT
+#define NW_TIMING_SAMPLE_DEFAULT 1
+#endif
 
 #define NW_JOB_FALLBACK "unknown"
 

@@ -22,7 +22,8 @@ struct nw_hdr {
 enum {
   NW_KIND_OP = 0x6e770001,     /* struct nw_op: a Coll or P2p event */
   NW_KIND_KCH = 0x6e770002,    /* struct nw_kch: a KernelCh event */
-  NW_KIND_STATIC = 0x6e770003, /* static sentinels for API/group events: nothing to do */
+  NW_KIND_STATIC = 0x6e770003, /* static sentinels for API events: nothing to do */
+  NW_KIND_GROUP = 0x6e770004,  /* the static GroupApi handle: its stop may switch sampling */
 };
 
 #define NW_MAX_CHANNELS 64 /* MAXCHANNELS in NCCL 2.27 .. 2.30 */
@@ -66,6 +67,7 @@ struct nw_op {
   struct nw_ctx* ctx;
   struct nw_op_rec rec; /* descriptor fields, filled at start */
   uint8_t expect_kch;
+  bool sampled_out; /* its group ran without KernelCh: no channel will report */
   int64_t launch_ns;
   _Atomic int64_t stopped_ns; /* host time of the Coll/P2p stop; 0 before */
   _Atomic uint64_t gpu_start; /* min channel start pTimer; UINT64_MAX before any */
@@ -108,7 +110,13 @@ struct nw_global {
   nw_nccl_logger logfn;
   int iface_version; /* 4, 5 or 6: the table NCCL loaded us through */
   int* _Atomic mask_ptr; /* NCCL's process-wide activation mask; set by every init */
-  int base_mask;
+  int base_mask; /* the mask without KernelCh, which the sampler adds or not */
+  /* sampler.c: GPU timing switched per group (NCCLWATCH_TIMING_SAMPLE > 1) */
+  _Atomic bool sampling;            /* still switching; false for good once unsafe */
+  _Atomic uintptr_t sampler_owner;  /* the one thread that has started groups */
+  _Atomic bool timed_now;           /* the mask has KernelCh now */
+  _Atomic uint64_t groups_timed;    /* groups the sampler chose to GPU-time */
+  _Atomic uint64_t ops_sampled_out; /* ops recorded without GPU timing by sampling */
   char* job;
   char* host;
   char job_safe[129];
@@ -167,6 +175,12 @@ void nw_writer_wake(void);
 void nw_writer_request_stats(void);
 /* Final drain, stats, join. release=false at process exit: memory is left in place. */
 void nw_writer_stop(bool release);
+
+/* sampler.c: all but nw_sampler_start are called from NCCL's callbacks */
+void nw_sampler_start(int iface_version);
+void nw_sampler_group_start(bool graph_captured);
+void nw_sampler_api(const struct nw_ctx* ctx, const char* func, size_t count);
+void nw_sampler_group_stop(void);
 
 /* gpu.c */
 void nw_gpu_current(char gpu[NW_GPU_MAX], char bare[NW_GPU_MAX], int* ordinal);

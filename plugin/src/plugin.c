@@ -41,12 +41,13 @@ void nw_count_drop(enum nw_drop_reason reason) {
   atomic_fetch_add_explicit(&nw_g.dropped[reason], 1, memory_order_relaxed);
 }
 
-/* Handles for events we track no state for. An API handle says whether the op was
- * captured in a CUDA graph; NCCL stores it and hands it back as the Coll/P2p parent, even on
- * graph replays long after the API call, so it must be static: a pointer compare recovers
- * the flag without any lookup. */
-static struct nw_hdr nw_ignored = {NW_KIND_STATIC, 0};
-static struct nw_hdr nw_api[2] = {{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}}; /* [graph] */
+/* Handles for events we track no state for. NCCL stores an API handle and hands it back as
+ * the Coll/P2p parent, even on graph replays long after the API call, so it must be static:
+ * a pointer compare recovers, without any lookup, whether the op was captured in a CUDA
+ * graph and whether its group ran with KernelCh (sampler.c). */
+static struct nw_hdr nw_api[2][2] = {{{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}},
+                                     {{NW_KIND_STATIC, 0}, {NW_KIND_STATIC, 0}}}; /* [graph][sampled out] */
+static struct nw_hdr nw_group_api = {NW_KIND_GROUP, 0};
 
 static void nw_copy_str(char* dst, size_t n, const char* src) {
   size_t i = 0;
@@ -63,12 +64,15 @@ static bool nw_is_rooted(const char* func) {
          !strcmp(func, "Scatter");
 }
 
-/* CollApi/P2pApi start (v5+). GPU-timing only a sample of ops by clearing the KernelCh
- * bit of the activation mask here is not done: NCCL 2.28 reads the mask at every API call
- * and decides a Send/Recv pair's device-side timestamps by the Recv task's mask alone
- * (enqueue.cc, work->profilerEnabled), so a Send whose own mask asked for KernelCh can wait
- * for timestamps the kernel never writes; a GPU run with such sampling did not finish. */
-static void* nw_api_start(bool graph) { return &nw_api[graph]; }
+/* CollApi/P2pApi start (v5+): NCCL copied the activation mask into this call's task just
+ * before (ncclProfilerStartGroupApiEvent), and only the GroupApi stop on this same thread
+ * changes it (sampler.c), so the mask now is the task's. */
+static void* nw_api_start(struct nw_ctx* ctx, bool graph, const char* func, size_t count) {
+  int* mask = atomic_load_explicit(&nw_g.mask_ptr, memory_order_relaxed);
+  bool sampled_out = mask && !(__atomic_load_n(mask, __ATOMIC_RELAXED) & NW_EV_KERNEL_CH);
+  nw_sampler_api(ctx, func, count);
+  return &nw_api[graph][sampled_out];
+}
 
 static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const char* dtype,
                          const char* algo, const char* proto, uint64_t seq, size_t count,
@@ -88,15 +92,17 @@ static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const c
   r->count = count;
   r->channels = (uint8_t)n_channels;
   r->p2p = p2p;
-  r->graph = parent == &nw_api[1];
-  int expect = n_channels < NW_MAX_CHANNELS ? n_channels : NW_MAX_CHANNELS;
+  r->graph = parent == &nw_api[1][0] || parent == &nw_api[1][1];
+  op->sampled_out = parent == &nw_api[0][1] || parent == &nw_api[1][1];
+  int expect = op->sampled_out ? 0 : n_channels < NW_MAX_CHANNELS ? n_channels : NW_MAX_CHANNELS;
   if (p2p) {
     /* Send/Recv to self is a local copy NCCL makes without a proxy op, hence without
      * channel events, though it reports nChannels > 0 (enqueue.cc: nProxyOps = selfSend ? 0 : 2). */
     if (peer_or_root == ctx->comm->rank) {
       expect = 0;
-      /* ... while the kernel still advances its per-channel counter for it. */
-      if (n_channels > 0) nw_ctx_desync(ctx, nw_now_ns(), "a Send/Recv to self");
+      /* ... while the kernel still advances its per-channel counter for it (when its
+       * group asked for KernelCh at all). */
+      if (n_channels > 0 && !op->sampled_out) nw_ctx_desync(ctx, nw_now_ns(), "a Send/Recv to self");
     }
     /* NCCL has no sequence number for p2p: count per (communicator, direction, peer). */
     uint32_t dir = strcmp(r->op, "Send") == 0 ? 0 : 1;
@@ -196,13 +202,16 @@ static void nw_kch_stop_time(struct nw_kch* k, uint64_t p_timer) {
                                  (d)->kernel_ch.p_timer);                                    \
         break;                                                                               \
       case NW_EV_COLL_API:                                                                   \
-        *(handle) = nw_api_start((d)->coll_api.graph_captured);                              \
+        *(handle) = nw_api_start(ctx, (d)->coll_api.graph_captured, (d)->coll_api.func,      \
+                                 (d)->coll_api.count);                                       \
         break;                                                                               \
       case NW_EV_P2P_API:                                                                    \
-        *(handle) = nw_api_start((d)->p2p_api.graph_captured);                               \
+        *(handle) = nw_api_start(ctx, (d)->p2p_api.graph_captured, (d)->p2p_api.func,        \
+                                 (d)->p2p_api.count);                                        \
         break;                                                                               \
       case NW_EV_GROUP_API:                                                                  \
-        *(handle) = &nw_ignored;                                                             \
+        nw_sampler_group_start((d)->group_api.graph_captured);                               \
+        *(handle) = &nw_group_api;                                                           \
         break;                                                                               \
       default: /* Group, proxy, net, kernel launch, CE events: nothing to keep */          \
         break;                                                                               \
@@ -252,6 +261,9 @@ static nw_nccl_result nw_stop(void* handle) {
   } else if (h->kind == NW_KIND_KCH) {
     struct nw_kch* k = handle;
     nw_op_release(k->op, atomic_load_explicit(&k->hdr.generation, memory_order_relaxed));
+  } else if (h->kind == NW_KIND_GROUP) {
+    /* The outermost group ended, its kernels launched: the one safe switching point. */
+    nw_sampler_group_stop();
   }
   return NW_NCCL_SUCCESS;
 }
@@ -297,6 +309,7 @@ static int nw_global_start(nw_nccl_logger logfn, int version, const char* gpu, i
   nw_g.pid = (long)getpid();
   snprintf(nw_g.gpu, sizeof nw_g.gpu, "%s", gpu);
   nw_g.first_rank = rank;
+  nw_sampler_start(version);
   if (nw_rings_start() != 0) return -1;
   atomic_fetch_add_explicit(&nw_g.epoch, 1, memory_order_release);
   nw_g.started = true;
@@ -414,9 +427,11 @@ static nw_nccl_result nw_init_common(void** context, int* mask, const char* comm
   nw_g.ctxs = ctx;
   pthread_mutex_unlock(&nw_g.ctx_mu);
   nw_g.n_ctx++;
-  int m = NW_EV_COLL | NW_EV_P2P | NW_EV_KERNEL_CH;
+  int m = NW_EV_COLL | NW_EV_P2P;
   if (nw_g.cfg.proxy_events) m |= NW_EV_PROXY_OP | NW_EV_PROXY_STEP;
   nw_g.base_mask = m;
+  /* KernelCh as the sampler has it now: an init never switches it (sampler.c). */
+  if (atomic_load_explicit(&nw_g.timed_now, memory_order_relaxed)) m |= NW_EV_KERNEL_CH;
   atomic_store_explicit(&nw_g.mask_ptr, mask, memory_order_relaxed);
   if (mask) __atomic_store_n(mask, m, __ATOMIC_RELAXED);
   *context = ctx;
@@ -490,6 +505,11 @@ static nw_nccl_result nw_finalize(void* context) {
       if (stale)
         NW_LOG(NW_LOG_INFO, "ncclwatch: %llu channel events arrived for ops already recorded",
                (unsigned long long)stale);
+      if (nw_g.cfg.timing_sample > 1)
+        NW_LOG(NW_LOG_INFO, "ncclwatch: sampled GPU timing: %llu groups chosen for GPU timing, "
+               "%llu ops recorded without it",
+               (unsigned long long)atomic_load_explicit(&nw_g.groups_timed, memory_order_relaxed),
+               (unsigned long long)atomic_load_explicit(&nw_g.ops_sampled_out, memory_order_relaxed));
       nw_global_stop();
     } else {
       nw_writer_request_stats();

@@ -120,9 +120,15 @@ static void nw_op_complete(struct nw_op* op, uint32_t gen, bool reaped) {
      * which has seen more samples (the first ops' own samples are the least reliable). */
     rec.start_ns = (int64_t)gs;
     rec.exec_ns = (int64_t)(ge - gs);
+  } else if (op->sampled_out) {
+    /* Counted and sized like every op; its group did not ask for GPU timestamps. */
+    rec.timing = NW_TIMING_SAMPLED_OUT;
+    rec.start_ns = op->launch_ns;
+    rec.exec_ns = 0;
+    atomic_fetch_add_explicit(&nw_g.ops_sampled_out, 1, memory_order_relaxed);
   } else {
-    /* No (complete) GPU timing: the channel events were not asked for, or some never came
-     * (reaped after NCCLWATCH_OP_TIMEOUT_MS or flushed at finalize/exit). */
+    /* No (complete) GPU timing: some channel events never came (reaped after
+     * NCCLWATCH_OP_TIMEOUT_MS or flushed at finalize/exit). */
     rec.timing = NW_TIMING_HOST;
     rec.start_ns = op->launch_ns;
     rec.exec_ns = 0;

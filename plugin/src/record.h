@@ -13,7 +13,8 @@
 
 #define NW_CONTRACT_VERSION 1
 
-enum nw_timing { NW_TIMING_KERNEL_GPU = 0, NW_TIMING_HOST = 1 };
+/* SAMPLED_OUT: NCCL was not asked for this op's GPU timestamps (sampler.c). */
+enum nw_timing { NW_TIMING_KERNEL_GPU = 0, NW_TIMING_HOST = 1, NW_TIMING_SAMPLED_OUT = 2 };
 
 /* Drop reasons, in the order of ncclwatch.records.DROP_REASONS. */
 enum nw_drop_reason {

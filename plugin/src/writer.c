@@ -317,7 +317,9 @@ static void nw_w_op(const struct nw_op_rec* r, void* arg) {
   nw_buf_i64(b, start_ns);
   nw_buf_puts(b, ",\"exec_ns\":");
   nw_buf_i64(b, r->exec_ns);
-  nw_buf_puts(b, r->timing == NW_TIMING_KERNEL_GPU ? ",\"timing\":\"kernel_gpu\"" : ",\"timing\":\"host\"");
+  nw_buf_puts(b, r->timing == NW_TIMING_KERNEL_GPU ? ",\"timing\":\"kernel_gpu\""
+                 : r->timing == NW_TIMING_SAMPLED_OUT ? ",\"timing\":\"sampled_out\""
+                                                      : ",\"timing\":\"host\"");
   nw_buf_puts(b, ",\"algbw_gbs\":");
   nw_json_double(b, algbw);
   nw_buf_puts(b, ",\"busbw_gbs\":");

@@ -97,7 +97,8 @@ static const char* const all_env[] = {
     "NCCLWATCH_SPOOL_DIR", "NCCLWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID",
     "NCCLWATCH_SEGMENT_BYTES", "NCCLWATCH_SPOOL_MAX_BYTES", "NCCLWATCH_POOL_OPS",
     "NCCLWATCH_RING_RECORDS", "NCCLWATCH_MAX_THREADS", "NCCLWATCH_FLUSH_MS",
-    "NCCLWATCH_OP_TIMEOUT_MS", "NCCLWATCH_TIMING_SAMPLE", "NCCLWATCH_REQUIRE_GPU_TIMING",
+    "NCCLWATCH_OP_TIMEOUT_MS", "NCCLWATCH_TIMING_SAMPLE", "NCCLWATCH_TIMING_KEY_MS",
+    "NCCLWATCH_REQUIRE_GPU_TIMING",
     "NCCLWATCH_PROXY_EVENTS", "NCCLWATCH_INSPECTOR_JSON_DIR", "NCCLWATCH_INSPECTOR_PROM_DIR",
     "NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS", "NCCLWATCH_TEST_WRITER_DELAY_US",
 };
@@ -283,8 +284,12 @@ static void check_spool_common(const struct spool* s) {
       CHECK(mj_int(v, "local_ranks") == nw_local_ranks((int)mj_int(v, "nranks"), (int)mj_int(v, "nnodes")),
             "local_ranks");
       const char* timing = mj_str(v, "timing");
-      CHECK(!strcmp(timing, "kernel_gpu") || !strcmp(timing, "host"), "timing %s", timing);
-      if (!strcmp(timing, "host")) CHECK(mj_int(v, "exec_ns") == 0, "host-timed exec_ns is 0");
+      CHECK(!strcmp(timing, "kernel_gpu") || !strcmp(timing, "host") || !strcmp(timing, "sampled_out"),
+            "timing %s", timing);
+      if (strcmp(timing, "kernel_gpu")) {
+        CHECK(mj_int(v, "exec_ns") == 0, "%s exec_ns is 0", timing);
+        CHECK(mj_int(v, "start_ns") > 1600000000000000000LL, "%s start_ns is the launch time", timing);
+      }
       (void)mj_bool(v, "graph");
       CHECK(strlen(mj_str(v, "comm")) == 18 && !strncmp(mj_str(v, "comm"), "0x", 2), "comm hex");
     } else if (!strcmp(kind, "drop")) {
@@ -1281,39 +1286,244 @@ static void scenario_inspector(void) {
   free(text);
 }
 
-/* GPU-timing a sample of ops by toggling the activation mask is refused (NCCL 2.28 can
- * then wait for channel timestamps its kernel never writes): the value is reported, every
- * op stays GPU-timed and the mask keeps KernelCh. */
+/* NCCL as the sampler sees it (sampler.c): every API call copies the process-wide mask
+ * *before* the GroupApi start callback; the task keeps its copy; channel events come only
+ * for tasks whose copy had KernelCh. One "group" here: an AllReduce plus a Send/Recv pair
+ * to the same peer, the pair whose copies must never differ. */
+struct sgroup {
+  uint64_t seq;
+  const char* key; /* the AllReduce's function name: the sampler's per-key signature */
+  size_t count;
+  bool graph;
+  int timed; /* out: 1 if the group's copies had KernelCh */
+};
+
+static void* ev_api_call(void* ctx, int type, bool graph, const char* func, size_t count) {
+  struct nw_descr_v5 d = {0};
+  d.type = (uint64_t)type;
+  if (type == NW_EV_COLL_API) d.coll_api = (__typeof__(d.coll_api)){.func = func, .count = count, .graph_captured = graph};
+  if (type == NW_EV_P2P_API) d.p2p_api = (__typeof__(d.p2p_api)){.func = func, .count = count, .graph_captured = graph};
+  if (type == NW_EV_GROUP_API) d.group_api.graph_captured = graph;
+  return ev(ctx, &d);
+}
+
+static void play_group(struct comm* c, struct sgroup* g) {
+  int copies[3];
+  void* api[3];
+  void* group = NULL;
+  const char* funcs[3] = {g->key, "Send", "Recv"};
+  for (int i = 0; i < 3; i++) {
+    copies[i] = __atomic_load_n(&g_mask, __ATOMIC_RELAXED); /* ncclProfilerStartGroupApiEvent */
+    if (i == 0) group = ev_api_call(c->ctx, NW_EV_GROUP_API, g->graph, NULL, 0);
+    api[i] = ev_api_call(c->ctx, i == 0 ? NW_EV_COLL_API : NW_EV_P2P_API, g->graph, funcs[i], g->count);
+    stop(api[i]);
+  }
+  CHECK(copies[0] == copies[1] && copies[1] == copies[2], "one group saw one mask: %#x %#x %#x",
+        copies[0], copies[1], copies[2]);
+  g->timed = (copies[0] & NW_EV_KERNEL_CH) != 0;
+  /* Kernels launched inside the group end, before its GroupApi stop. */
+  void* h[3];
+  h[0] = ev_coll(c->ctx, api[0], g->key, "ncclFloat32", g->count, -1, 2, g->seq);
+  h[1] = ev_p2p(c->ctx, api[1], "Send", "ncclFloat32", g->count, 1, 1);
+  h[2] = ev_p2p(c->ctx, api[2], "Recv", "ncclFloat32", g->count, 1, 1);
+  for (int i = 0; i < 3; i++) stop(h[i]);
+  stop(group);
+  if (g->timed) {
+    uint64_t t = gpu_now() - 2000;
+    for (int i = 0; i < 3; i++)
+      for (int ch = 0; ch < (i == 0 ? 2 : 1); ch++) kch_stop(kch_start(c->ctx, h[i], ch, t), t + 700);
+  }
+}
+
+struct timing_count {
+  int64_t gpu, sampled_out, host;
+};
+
+static struct timing_count count_timing(const struct spool* s, const char* op) {
+  struct timing_count n = {0};
+  for (size_t i = 0; i < s->n; i++) {
+    const struct mj* v = s->recs[i];
+    if (!is_kind(v, "op") || (op && strcmp(mj_str(v, "op"), op))) continue;
+    const char* t = mj_str(v, "timing");
+    n.gpu += !strcmp(t, "kernel_gpu");
+    n.sampled_out += !strcmp(t, "sampled_out");
+    n.host += !strcmp(t, "host");
+  }
+  return n;
+}
+
+/* NCCLWATCH_TIMING_SAMPLE: KernelCh switched only at an outermost group's stop, never
+ * inside a group; each op says how it was timed; every op is recorded. */
 static void scenario_sampling(void) {
   begin("sampling", "sampling-job");
   setenv("NCCLWATCH_TIMING_SAMPLE", "4", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "0", 1);
+  setenv("NCCLWATCH_RING_RECORDS", "65536", 1); /* 12,000 ops faster than any writer wakes */
   struct comm c;
   comm_init5(&c, 0x9999, "sampled", 1, 2, 0);
-  pthread_mutex_lock(&log_mu);
-  bool refused = log_warnings == 1 && strstr(log_text, "NCCLWATCH_TIMING_SAMPLE");
-  pthread_mutex_unlock(&log_mu);
-  CHECK(refused, "NCCLWATCH_TIMING_SAMPLE=4 reported as unsupported");
-  for (uint64_t i = 0; i < 40; i++) {
-    int task_mask = __atomic_load_n(&g_mask, __ATOMIC_RELAXED);
-    void* g = ev_api(c.ctx, NW_EV_GROUP_API, false);
-    void* api = ev_api(c.ctx, NW_EV_COLL_API, false);
-    void* h = ev_coll(c.ctx, api, "AllReduce", "ncclFloat32", 1024, -1, 2, i);
-    stop(api);
-    stop(g);
-    stop(h);
-    if (task_mask & NW_EV_KERNEL_CH) {
-      uint64_t t = gpu_now() - 1000;
-      for (int ch = 0; ch < 2; ch++) kch_stop(kch_start(c.ctx, h, ch, t), t + 500);
-    }
+  const int n = 4000;
+  int timed_groups = 0, switches = 0, last = 1;
+  for (int i = 0; i < n; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 1024};
+    play_group(&c, &g);
+    timed_groups += g.timed;
+    switches += g.timed != last;
+    last = g.timed;
   }
   P5->finalize(c.ctx);
   struct spool s;
   spool_read(&s, spool_root);
   check_spool_common(&s);
-  int timed = 0;
-  for (size_t i = 0; i < s.n; i++)
-    if (is_kind(s.recs[i], "op")) timed += !strcmp(mj_str(s.recs[i], "timing"), "kernel_gpu");
-  CHECK(timed == 40, "every op GPU-timed: %d of 40", timed);
+  struct timing_count t = count_timing(&s, NULL);
+  CHECK(t.gpu + t.sampled_out == 3 * n && t.host == 0,
+        "every op recorded, timed or sampled out: %lld + %lld of %d (%lld host)", (long long)t.gpu,
+        (long long)t.sampled_out, 3 * n, (long long)t.host);
+  CHECK(t.gpu == 3 * timed_groups, "GPU-timed ops are exactly the timed groups' (%lld, %d groups)",
+        (long long)t.gpu, timed_groups);
+  CHECK(timed_groups > n / 4 - n / 10 && timed_groups < n / 4 + n / 10,
+        "about 1 group in 4 timed: %d of %d", timed_groups, n);
+  CHECK(switches > 100, "the mask switched (%d times)", switches);
+  CHECK(dropped_total(&s) == 0, "nothing dropped: %lld", (long long)dropped_total(&s));
+  pthread_mutex_lock(&log_mu);
+  CHECK(strstr(log_text, "ops recorded without it") != NULL, "finalize reports the sampling");
+  pthread_mutex_unlock(&log_mu);
+  end_scenario(&s);
+
+  /* Ranks that issue the same groups time the same ones: a second "rank" in a fresh
+   * start gets the same choices. */
+  begin("sampling-ranks", "sampling-job");
+  setenv("NCCLWATCH_TIMING_SAMPLE", "4", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "0", 1);
+  setenv("NCCLWATCH_RING_RECORDS", "65536", 1);
+  comm_init5(&c, 0x9999, "sampled", 1, 2, 1);
+  int timed2 = 0;
+  for (int i = 0; i < n; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 1024};
+    play_group(&c, &g);
+    timed2 += g.timed;
+  }
+  P5->finalize(c.ctx);
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  CHECK(timed2 == timed_groups, "the same groups timed on both ranks: %d vs %d", timed2, timed_groups);
+  end_scenario(&s);
+
+  /* Every recurring key keeps fresh GPU timings however rare the random sample is: three
+   * keys in a loop, one in 10^6 at random, each key re-timed after 20 ms. */
+  begin("sampling-keys", "sampling-job");
+  setenv("NCCLWATCH_TIMING_SAMPLE", "1000000", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "20", 1);
+  comm_init5(&c, 0x9999, "sampled", 1, 2, 0);
+  const char* keys[3] = {"AllReduce", "AllGather", "ReduceScatter"};
+  int64_t t_end = now_ns() + 300 * 1000000LL;
+  int groups = 0;
+  for (int i = 0; now_ns() < t_end; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = keys[i % 3], .count = 4096};
+    play_group(&c, &g);
+    groups++;
+    sleep_ms(1);
+  }
+  P5->finalize(c.ctx);
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  for (int k = 0; k < 3; k++) {
+    struct timing_count tk = count_timing(&s, keys[k]);
+    /* 300 ms / 20 ms: ~15 refreshes; the first two groups are timed before any successor is known. */
+    CHECK(tk.gpu >= 8 && tk.gpu <= 40, "%s GPU-timed %lld times in 300 ms", keys[k], (long long)tk.gpu);
+  }
+  struct timing_count all = count_timing(&s, NULL);
+  CHECK(all.gpu + all.sampled_out == 3 * groups && all.sampled_out > all.gpu,
+        "mostly sampled out: %lld timed, %lld not", (long long)all.gpu, (long long)all.sampled_out);
+  end_scenario(&s);
+
+  /* A captured group freezes its tasks' copies: full GPU timing from the next group on,
+   * so graph replays keep reporting. */
+  begin("sampling-graph", "sampling-job");
+  setenv("NCCLWATCH_TIMING_SAMPLE", "1000000", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "0", 1);
+  comm_init5(&c, 0x9999, "sampled", 1, 2, 0);
+  for (int i = 0; i < 5; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 64};
+    play_group(&c, &g);
+  }
+  CHECK(!(g_mask & NW_EV_KERNEL_CH), "sampled out before the capture");
+  struct sgroup cap = {.seq = 5, .key = "AllReduce", .count = 64, .graph = true};
+  play_group(&c, &cap);
+  CHECK(g_mask & NW_EV_KERNEL_CH, "KernelCh on after a captured group");
+  int after = 0;
+  for (int i = 6; i < 50; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 64};
+    play_group(&c, &g);
+    after += g.timed;
+  }
+  CHECK(after == 44, "every group after the capture GPU-timed: %d of 44", after);
+  P5->finalize(c.ctx);
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  pthread_mutex_lock(&log_mu);
+  CHECK(strstr(log_text, "CUDA graph") != NULL, "the switch to full timing is logged");
+  pthread_mutex_unlock(&log_mu);
+  end_scenario(&s);
+
+  /* v4 (NCCL 2.27) has no GroupApi event: no safe point, every op GPU-timed. */
+  begin("sampling-v4", "sampling-job");
+  setenv("NCCLWATCH_TIMING_SAMPLE", "4", 1);
+  void* ctx4 = NULL;
+  g_mask = 0;
+  REQUIRE(P4->init(&ctx4, &g_mask, "v4", 0x4444, 1, 2, 0, logger) == 0 && ctx4, "v4 init");
+  CHECK(g_mask & NW_EV_KERNEL_CH, "v4: KernelCh asked for");
+  P4->finalize(ctx4);
+  pthread_mutex_lock(&log_mu);
+  CHECK(strstr(log_text, "needs the v5 interface") != NULL, "v4: sampling refused with a reason");
+  pthread_mutex_unlock(&log_mu);
+  spool_read(&s, spool_root);
+  end_scenario(&s);
+}
+
+struct sampling_thread_arg {
+  struct comm* c;
+  int groups;
+};
+
+static void* sampling_second_thread(void* p) {
+  struct sampling_thread_arg* a = p;
+  for (int i = 0; i < a->groups; i++) {
+    struct sgroup g = {.seq = 100000 + (uint64_t)i, .key = "AllGather", .count = 256};
+    play_group(a->c, &g);
+  }
+  return NULL;
+}
+
+/* A second thread issuing NCCL calls ends sampling: KernelCh comes back on at a group stop
+ * with no group open, and no group ever sees two masks. */
+static void scenario_sampling_threads(void) {
+  begin("sampling-threads", "sampling-job");
+  setenv("NCCLWATCH_TIMING_SAMPLE", "1000000", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "0", 1);
+  struct comm c;
+  comm_init5(&c, 0x9999, "sampled", 1, 2, 0);
+  for (int i = 0; i < 10; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 64};
+    play_group(&c, &g);
+  }
+  CHECK(!(g_mask & NW_EV_KERNEL_CH), "sampled out before the second thread");
+  pthread_t t;
+  struct sampling_thread_arg a = {&c, 200};
+  pthread_create(&t, NULL, sampling_second_thread, &a);
+  pthread_join(t, NULL);
+  CHECK(g_mask & NW_EV_KERNEL_CH, "KernelCh on after the second thread's group");
+  for (int i = 10; i < 20; i++) {
+    struct sgroup g = {.seq = (uint64_t)i, .key = "AllReduce", .count = 64};
+    play_group(&c, &g);
+    CHECK(g.timed, "owner's group %d GPU-timed after sampling stopped", i);
+  }
+  P5->finalize(c.ctx);
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  pthread_mutex_lock(&log_mu);
+  CHECK(strstr(log_text, "more than one thread") != NULL, "the reason is logged");
+  pthread_mutex_unlock(&log_mu);
   end_scenario(&s);
 }
 
@@ -1456,6 +1666,7 @@ int main(int argc, char** argv) {
   RUN("config", scenario_config());
   RUN("inspector", scenario_inspector());
   RUN("sampling", scenario_sampling());
+  RUN("sampling-threads", scenario_sampling_threads());
   RUN("untimed", scenario_untimed());
   RUN("restart", scenario_restart());
   RUN("exit", scenario_exit());
