@@ -245,7 +245,7 @@ BENCH_NAMES = {"AllReduce": ["AllReduce"], "AllGather": ["AllGather"], "SendRecv
 
 def read_csv(path: str) -> list[list[str]]:
     with open(path) as f:
-        return [row for row in csv.reader(f) if row and row[0] in ("acc", "win", "graph", "lat")]
+        return [row for row in csv.reader(f) if row and row[0] in ("acc", "win", "graph", "lat", "stress")]
 
 
 def analyze_accuracy(bench_csv: str, spool_dir: str) -> dict:
@@ -410,6 +410,7 @@ def analyze_stress(bench_csv: str, spool_dir: str) -> dict:
     dropped = sum(sum(st["dropped"].values()) for st in stats.values())
     recorded = sum(st["recorded"] for st in stats.values())
     graph = sum(1 for r in recs if r["graph"])
+    host = collections.Counter(f"{r['op']} graph={r['graph']}" for r in recs if r["timing"] == "host")
     # GPU-timed exec per (op, size): a channel counter out of step would show as another
     # op's timestamps (milliseconds for a 1 KiB op), as after a Send/Recv to self.
     execs: dict[str, list[int]] = collections.defaultdict(list)
@@ -423,6 +424,7 @@ def analyze_stress(bench_csv: str, spool_dir: str) -> dict:
         "issued": eager + replays * per_graph, "seconds": float(row[4]),
         "records": len(recs), "recorded_stat": recorded, "dropped": dropped,
         "graph_records": graph, "timing": dict(timing), "gpu_exec_us": exec_us,
+        "host_timed_by_op": dict(host),
     }
 
 
@@ -436,6 +438,8 @@ def report_stress(res: dict) -> str:
         + ("" if exact else f" (difference {res['issued'] - res['records'] - res['dropped']:+,})"),
         f"- graph replay records: {res['graph_records']:,}",
         "- timing: " + ", ".join(f"{k} {v:,}" for k, v in sorted(res["timing"].items())),
+        "- host-timed by op: " + (", ".join(f"{k} {v:,}" for k, v in sorted(res["host_timed_by_op"].items()))
+                                  or "none"),
         "",
         "| op bytes | GPU-timed | p50 µs | p99 µs | max µs |",
         "| --- | --- | --- | --- | --- |",

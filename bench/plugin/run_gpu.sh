@@ -107,25 +107,32 @@ stage_fixture() {
 }
 
 stage_stress() {
-  local sp=$WORK/spool-stress
-  rm -rf "$sp"
-  NCCL_PROFILER_PLUGIN=$PLUGIN NCCLWATCH_SPOOL_DIR=$sp NCCLWATCH_JOB_ID=stress NCCLWATCH_TIMING_SAMPLE=32 \
-    NCCLWATCH_RING_RECORDS=1048576 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$WORK/nccl-stress.%p.log" \
-    timeout 300 "$B/nccl_bench" stress > "$WORK/stress.csv" 2> "$WORK/stress.err" || log "stress run FAILED or hung: exit $?"
-  $PY bench/plugin/analyze.py stress "$WORK/stress.csv" "$sp" --json "$WORK/stress.json" > "$OUT/stress.md" 2>&1
-  plugin_log stress
+  # Sampled (1 group in 32) and, for comparison, full GPU timing: the same program.
+  for sample in 32 1; do
+    local sp=$WORK/spool-stress
+    rm -rf "$sp"
+    NCCL_PROFILER_PLUGIN=$PLUGIN NCCLWATCH_SPOOL_DIR=$sp NCCLWATCH_JOB_ID=stress NCCLWATCH_TIMING_SAMPLE=$sample \
+      NCCLWATCH_RING_RECORDS=1048576 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      NCCL_DEBUG_FILE="$WORK/nccl-stress-s$sample.%p.log" \
+      timeout 300 "$B/nccl_bench" stress > "$WORK/stress-s$sample.csv" 2> "$WORK/stress-s$sample.err" ||
+      log "stress run (1 in $sample) FAILED or hung: exit $?"
+    { echo "## stress, NCCLWATCH_TIMING_SAMPLE=$sample"; echo
+      $PY bench/plugin/analyze.py stress "$WORK/stress-s$sample.csv" "$sp" --json "$WORK/stress-s$sample.json"
+      echo; } >> "$OUT/stress.md" 2>&1
+    plugin_log "stress-s$sample"
+  done
 }
 
 stage_overhead() {
   local sp=$WORK/spool-overhead idir=$WORK/inspector-overhead
-  local configs="none noop_coll noop_kch ncclwatch_full ncclwatch_s32 ncclwatch_s128"
+  local configs="none none2 noop_coll noop_kch ncclwatch_full ncclwatch_s32 ncclwatch_s128"
   [ -f "$B/libnccl-profiler-inspector.so" ] && configs="$configs inspector"
   [ "${REP_FIRST:-1}" = 1 ] && : > "$WORK/overhead.csv"
   for rep in $(seq "${REP_FIRST:-1}" "$REPS"); do
     for cfg in $(shuf -e $configs); do
       sample=1
       case $cfg in
-        none) lib=none ;;
+        none | none2) lib=none ;;
         noop_coll) lib=$B/libnoop-coll.so ;;
         noop_kch) lib=$B/libnoop-kch.so ;;
         ncclwatch_full) lib=$PLUGIN ;;
