@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-from ncclwatch.records import OpRecord, WindowSummary
+from ncclwatch.records import UNTIMED, OpRecord, WindowSummary
 from ncclwatch.rules import size_bucket
 
 Stream = tuple[str, str, int]  # (job, host, pid)
@@ -195,21 +195,24 @@ class Windower:
             if len(self._buckets) >= _BUCKET_CACHE_MAX:
                 self._buckets.clear()
             bucket = self._buckets[nbytes] = size_bucket(nbytes)
-        key = (op.comm, op.op, bucket, op.transport, op.rank)
-        by_key = st.open.get(start)
-        if by_key is None:
-            by_key = st.open[start] = {}
-        acc = by_key.get(key)
-        if acc is None:
-            acc = by_key[key] = _Acc(op)
-        acc.exec_ns.append(op.exec_ns)
-        acc.busbw.append(op.busbw_gbs)
-        acc.bytes += nbytes
-        seq = op.seq
-        if seq < acc.seq_min:
-            acc.seq_min = seq
-        elif seq > acc.seq_max:
-            acc.seq_max = seq
+        # An op without a duration (host-timed, or sampled out of GPU timing) would put a
+        # zero into the window's percentiles: it only moves stream time.
+        if op.timing not in UNTIMED:
+            key = (op.comm, op.op, bucket, op.transport, op.rank)
+            by_key = st.open.get(start)
+            if by_key is None:
+                by_key = st.open[start] = {}
+            acc = by_key.get(key)
+            if acc is None:
+                acc = by_key[key] = _Acc(op)
+            acc.exec_ns.append(op.exec_ns)
+            acc.busbw.append(op.busbw_gbs)
+            acc.bytes += nbytes
+            seq = op.seq
+            if seq < acc.seq_min:
+                acc.seq_min = seq
+            elif seq > acc.seq_max:
+                acc.seq_max = seq
         if end <= st.max_end_ns:
             return []
         st.max_end_ns = end

@@ -141,3 +141,25 @@ def test_bad_window_length_raises():
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             Windower(bad)
+
+
+@pytest.mark.parametrize("timing", ["host", "sampled_out"])
+def test_ops_without_gpu_timing_count_nowhere_but_move_stream_time(timing):
+    """A sampled-out or host-timed op carries exec 0 and busbw 0: in the percentiles it
+    would read as an infinitely fast op; it only advances its stream's time."""
+    import dataclasses
+
+    w = Windower(1.0, lateness_s=0.0)
+    timed = [op(seq=i, end_ns=S // 2 + i, exec_ns=(i + 1) * 1000, busbw=10.0) for i in range(3)]
+    untimed = [dataclasses.replace(op(seq=10 + i, end_ns=S // 2 + 10 + i, exec_ns=0, busbw=0.0),
+                                   timing=timing, algbw_gbs=0.0) for i in range(30)]
+    for o in timed + untimed:
+        assert w.add(o) == []
+    # An untimed op past the window's end closes it, as a timed one would.
+    closing = dataclasses.replace(op(seq=99, end_ns=S + S // 2, exec_ns=0, busbw=0.0),
+                                  timing=timing, algbw_gbs=0.0)
+    (s,) = w.add(closing)
+    assert (s.count, s.exec_ns_min, s.exec_ns_p50, s.busbw_gbs_p50) == (3, 1000, 2000, 10.0)
+    assert (s.first_seq, s.last_seq) == (0, 2)
+    # A window holding only untimed ops emits nothing.
+    assert w.flush() == []
