@@ -13,7 +13,7 @@
 #   overhead  nccl_bench overhead: rounds REP_FIRST..REPS of {no plugin, do-nothing plugin
 #             Coll|P2p, do-nothing plugin Coll|P2p|KernelCh, ncclwatch full timing, ncclwatch
 #             sampled 1 in 32 and 1 in 128, NCCL Inspector (if built)} in random order, each
-#             process pinned to CORES, sizes BENCH_SIZES
+#             process pinned to CORES, sizes BENCH_SIZES (CONFIGS: a subset)
 #
 # Raw data stays in WORK_DIR; OUT_DIR gets a few summary files (Markdown reports, machine
 # info, one tarball of raw results). NCCL_NVLS_ENABLE=0 throughout.
@@ -125,8 +125,8 @@ stage_stress() {
 
 stage_overhead() {
   local sp=$WORK/spool-overhead idir=$WORK/inspector-overhead
-  local configs="none none2 noop_coll noop_kch ncclwatch_full ncclwatch_s32 ncclwatch_s128"
-  [ -f "$B/libnccl-profiler-inspector.so" ] && configs="$configs inspector"
+  local configs=${CONFIGS:-none none2 noop_coll noop_kch ncclwatch_full ncclwatch_s32 ncclwatch_s128}
+  [ -z "${CONFIGS:-}" ] && [ -f "$B/libnccl-profiler-inspector.so" ] && configs="$configs inspector"
   [ "${REP_FIRST:-1}" = 1 ] && : > "$WORK/overhead.csv"
   for rep in $(seq "${REP_FIRST:-1}" "$REPS"); do
     for cfg in $(shuf -e $configs); do

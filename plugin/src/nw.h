@@ -68,6 +68,7 @@ struct nw_op {
   struct nw_op_rec rec; /* descriptor fields, filled at start */
   uint8_t expect_kch;
   bool sampled_out; /* its group ran without KernelCh: no channel will report */
+  bool in_flight;   /* counted in nw_g.timed_in_flight until it completes (sampler.c) */
   int64_t launch_ns;
   _Atomic int64_t stopped_ns; /* host time of the Coll/P2p stop; 0 before */
   _Atomic uint64_t gpu_start; /* min channel start pTimer; UINT64_MAX before any */
@@ -117,6 +118,7 @@ struct nw_global {
   _Atomic bool timed_now;           /* the mask has KernelCh now */
   _Atomic uint64_t groups_timed;    /* groups the sampler chose to GPU-time */
   _Atomic uint64_t ops_sampled_out; /* ops recorded without GPU timing by sampling */
+  _Atomic int64_t timed_in_flight;  /* GPU-timed ops still waiting for channel events */
   char* job;
   char* host;
   char job_safe[129];

@@ -96,6 +96,7 @@ void nw_ctx_desync(struct nw_ctx* ctx, int64_t since_ns, const char* why) {
 /* Called by whoever took `life` to zero: turn the slot into a record, free the slot, push. */
 static void nw_op_complete(struct nw_op* op, uint32_t gen, bool reaped) {
   struct nw_op_rec rec = op->rec;
+  if (op->in_flight) atomic_fetch_sub_explicit(&nw_g.timed_in_flight, 1, memory_order_relaxed);
   uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
   uint64_t ge = atomic_load_explicit(&op->gpu_stop, memory_order_relaxed);
   uint32_t timed = atomic_load_explicit(&op->kch_timed, memory_order_relaxed);

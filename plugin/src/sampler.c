@@ -21,6 +21,13 @@
  *   in NCCLWATCH_TIMING_SAMPLE at random, from a hash of the group's index, so ranks that
  *   issue the same groups time the same ones and periodic loops cannot alias with it.
  *
+ * - and never while a GPU-timed op still waits for its channel events. NCCL's proxy reads a
+ *   channel's timestamp slot `counter % 64` and accepts any counter >= its own
+ *   (src/transport/profiler.cc), so a later timed op that reuses the slot before the proxy
+ *   got there hands its timestamps to the earlier op. With every op timed the proxy never
+ *   sleeps and keeps up; with 1 group in 32 it sleeps between them, and on 2xH200 0.15 % of
+ *   the ops read another op's timestamps before this rule (docs/bench/plugin.md).
+ *
  * The per-op consequence is decided by the API handle (plugin.c): the Coll/P2p event's
  * parent is the CollApi/P2pApi handle returned at the call, right after NCCL copied the
  * mask, so it says whether this op's channels will report, even when the Coll/P2p event
@@ -71,6 +78,7 @@ void nw_sampler_start(int iface_version) {
   atomic_store_explicit(&nw_g.sampler_owner, 0, memory_order_relaxed);
   atomic_store_explicit(&nw_open_groups, 0, memory_order_relaxed);
   atomic_store_explicit(&nw_want_full, false, memory_order_relaxed);
+  atomic_store_explicit(&nw_g.timed_in_flight, 0, memory_order_relaxed);
   atomic_store_explicit(&nw_g.timed_now, true, memory_order_relaxed);
   bool want = nw_g.cfg.timing_sample > 1;
   /* v4 (NCCL 2.27) has no GroupApi events: nowhere safe to switch. */
@@ -156,6 +164,7 @@ void nw_sampler_group_stop(void) {
       timed = n->sig != next || now - n->timed_ns >= every_ns;
     }
   }
+  if (timed && atomic_load_explicit(&nw_g.timed_in_flight, memory_order_relaxed) > 0) timed = false;
   if (timed) atomic_fetch_add_explicit(&nw_g.groups_timed, 1, memory_order_relaxed);
   if (timed != was_timed) nw_set_mask(timed);
 }
