@@ -71,6 +71,11 @@ static void* nw_api_start(struct nw_ctx* ctx, bool graph, const char* func, size
   int* mask = atomic_load_explicit(&nw_g.mask_ptr, memory_order_relaxed);
   bool sampled_out = mask && !(__atomic_load_n(mask, __ATOMIC_RELAXED) & NW_EV_KERNEL_CH);
   nw_sampler_api(ctx, func, count);
+  /* A graph captured without KernelCh: NCCL counts its work once on the host, at capture
+   * (ncclProxySaveOp's Profiler case), while the kernel counts it at every replay, so this
+   * communicator's later channel events carry other ops' timestamps, as after a Send/Recv to
+   * self. Seen on 2xH200 as ~1,600 ops "started" before their launch after 50 replays. */
+  if (graph && sampled_out && ctx) nw_ctx_desync(ctx, nw_now_ns(), "a CUDA graph captured without GPU timing");
   return &nw_api[graph][sampled_out];
 }
 

@@ -88,7 +88,7 @@ void nw_ctx_desync(struct nw_ctx* ctx, int64_t since_ns, const char* why) {
   if (nw_g.logfn)
     nw_g.logfn(NW_LOG_WARN, NW_LOG_PROFILE, __FILE__, __LINE__,
                "ncclwatch: communicator %s: %s; NCCL's per-channel profiler counters are now out of "
-               "step (NCCL 2.27-2.30 count a self copy on the GPU but not on the host), so later "
+               "step (NCCL 2.27-2.30 count that work on the GPU but not on the host), so later "
                "channel timestamps belong to other ops: its ops are recorded host-timed from now on",
                ctx->comm->hash_hex, why);
 }

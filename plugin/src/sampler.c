@@ -23,10 +23,10 @@
  *
  * - and never while a GPU-timed op still waits for its channel events. NCCL's proxy reads a
  *   channel's timestamp slot `counter % 64` and accepts any counter >= its own
- *   (src/transport/profiler.cc), so a later timed op that reuses the slot before the proxy
- *   got there hands its timestamps to the earlier op. With every op timed the proxy never
- *   sleeps and keeps up; with 1 group in 32 it sleeps between them, and on 2xH200 0.15 % of
- *   the ops read another op's timestamps before this rule (docs/bench/plugin.md).
+ *   (src/transport/profiler.cc): with every op timed the proxy never sleeps and keeps up, but
+ *   a sampled-out stretch lets it sleep, and a later timed op reusing the slot before it woke
+ *   would hand over its timestamps. A guard read from the code, not an observed failure; it
+ *   also bounds the timed rate by what the proxy completes.
  *
  * The per-op consequence is decided by the API handle (plugin.c): the Coll/P2p event's
  * parent is the CollApi/P2pApi handle returned at the call, right after NCCL copied the
