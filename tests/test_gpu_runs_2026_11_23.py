@@ -179,3 +179,36 @@ def test_the_judge_fails_a_detector_that_reports_nothing():
                                   detect=lambda cfg, recs: [])
     missed = [r for r in rows if not r["ok"]]
     assert missed and all(r["expected"] in ("network_path", "straggler") for r in missed)
+
+
+def _plugin_runs() -> list[Path]:
+    return [p for p in eval_gpu_runs.run_dirs([], "all") if p.name.startswith("p-")]
+
+
+@pytest.mark.parametrize("n", [32, 128])
+def test_plugin_runs_replayed_as_sampled_gpu_timing_are_still_right(n):
+    """NCCLWATCH_TIMING_SAMPLE=n as the sampler model leaves the runs: every fault found,
+    same attribution, within 5 s, nothing on clean runs (the per-key refresh keeps every
+    recurring key timed about every 200 ms)."""
+    rows = eval_gpu_runs.evaluate(_plugin_runs(), CFG, 5.0, emulate_sampling=n)
+    assert len(rows) == 10
+    assert [r for r in rows if not r["ok"]] == [], eval_gpu_runs.markdown(rows)
+
+
+def test_without_the_per_key_refresh_sampling_loses_the_faults():
+    """The refresh is what keeps detection: 1 group in 32 at random alone misses faults."""
+    rows = eval_gpu_runs.evaluate(_plugin_runs(), CFG, 5.0, emulate_sampling=32, emulate_key_ms=0)
+    assert sum(not r["ok"] for r in rows) >= 3, eval_gpu_runs.markdown(rows)
+
+
+def test_the_sampler_model_times_a_minority_and_marks_the_rest():
+    import tempfile
+    from collections import Counter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = eval_gpu_runs.unpacked(FIXTURES / "p-tc-16g.tar.gz", Path(tmp))
+        srcs, options = eval_gpu_runs.sources(run)
+        recs = read_recording(srcs, ReadStats(), options)
+    timing = Counter(getattr(r, "timing", None) for r in eval_gpu_runs.sampled_like_plugin(recs, 32))
+    assert 0 < timing["kernel_gpu"] < timing["sampled_out"]
+    assert timing["kernel_gpu"] + timing["sampled_out"] == sum(1 for r in recs if getattr(r, "timing", None))

@@ -20,11 +20,17 @@ JSON logs plus the per-rank Megatron-format training logs), through
 ``ncclwatch.ingest.recording`` and the local-mode detector loop (``watch --speed 0``).
 
     .venv/bin/python bench/detectors/eval_gpu_runs.py --split heldout --markdown
+
+``--emulate-sampling N`` replays the plugin runs as if they had been recorded with
+``NCCLWATCH_TIMING_SAMPLE=N`` (see ``sampled_like_plugin``): the recorded GPU timings of the
+ops the sampler would not have timed are dropped (``timing: sampled_out``), to see whether
+detection, delay and attribution hold on what sampled timing leaves.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -38,6 +44,7 @@ from ncclwatch.detectors import watch
 from ncclwatch.ingest.recording import Options, ReadStats, read_recording
 
 from ncclwatch import config
+from ncclwatch.records import OpRecord
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
 GATE = 0.05
@@ -62,6 +69,55 @@ def sources(run: Path) -> tuple[list[Path], Options]:
         logs = sorted(str(p) for p in (run / "trainlogs").glob("rank-*.log"))
         return [run / "inspector"], Options(job=job, training_logs=logs)
     return [run / "spool"], Options(job=job)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser, as plugin/src/sampler.c draws its groups."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sampled_like_plugin(records: list[Any], n: int, key_ms: int = 200) -> list[Any]:
+    """The records as the plugin's sampler would have left them (a model of sampler.c).
+
+    Per process, every op is one group (PyTorch issues one per collective); a group is
+    timed when the hash of its index draws 1 in ``n``, or when it is the predicted successor
+    of the previous group and its key (communicator, op, size) was not timed for
+    ``key_ms``; never while a timed op is still running (the plugin waits for its channel
+    events). The first group is timed. Clock: the op's recorded start.
+    """
+    state: dict[tuple, dict[str, Any]] = {}
+    out = []
+    for r in records:
+        if not isinstance(r, OpRecord) or r.timing != "kernel_gpu":
+            out.append(r)
+            continue
+        st = state.setdefault((r.job, r.host, r.pid), {"g": 0, "timed": True, "prev": None,
+                                                       "next": {}, "last": {}, "busy_until": 0})
+        key = (r.comm, r.op, r.bytes)
+        timed = st["timed"]
+        now = r.start_ns
+        if timed:
+            st["last"][key] = now
+            st["busy_until"] = r.start_ns + r.exec_ns
+        else:
+            out_r = dataclasses.replace(r, timing="sampled_out", exec_ns=0, algbw_gbs=0.0, busbw_gbs=0.0)
+        out.append(r if timed else out_r)
+        if st["prev"] is not None:
+            st["next"][st["prev"]] = key
+        st["prev"] = key
+        st["g"] += 1
+        nxt = _mix(st["g"]) < _MASK64 // n
+        pred = st["next"].get(key)
+        if not nxt and key_ms > 0 and pred is not None:
+            nxt = now - st["last"].get(pred, -(1 << 62)) >= key_ms * 1_000_000
+        st["timed"] = nxt and now >= st["busy_until"]
+    return out
 
 
 def incidents(events: list[Any]) -> dict[str, dict[str, Any]]:
@@ -160,7 +216,8 @@ def unpacked(p: Path, tmp: Path) -> Path:
 
 
 def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
-             detect: Callable[[Any, list], list] | None = None) -> list[dict[str, Any]]:
+             detect: Callable[[Any, list], list] | None = None,
+             emulate_sampling: int = 1, emulate_key_ms: int = 200) -> list[dict[str, Any]]:
     detect = detect or (lambda c, recs: watch.detect(c, recs))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,6 +225,8 @@ def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
             run = unpacked(p, Path(tmp))
             srcs, options = sources(run)
             records = read_recording(srcs, ReadStats(), options)
+            if emulate_sampling > 1:
+                records = sampled_like_plugin(list(records), emulate_sampling, emulate_key_ms)
             rows.append(judge(run, detect(cfg, records), max_delay_s))
     return rows
 
@@ -193,9 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-delay-s", type=float, default=5.0)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--emulate-sampling", type=int, default=1, metavar="N",
+                    help="replay plugin runs as if recorded with NCCLWATCH_TIMING_SAMPLE=N")
+    ap.add_argument("--emulate-key-ms", type=int, default=200, metavar="MS",
+                    help="... and NCCLWATCH_TIMING_KEY_MS=MS")
     args = ap.parse_args(argv)
     cfg = config.load(None)
-    rows = evaluate(run_dirs(args.paths, args.split), cfg, args.max_delay_s)
+    rows = evaluate(run_dirs(args.paths, args.split), cfg, args.max_delay_s,
+                    emulate_sampling=args.emulate_sampling, emulate_key_ms=args.emulate_key_ms)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1, default=str))

@@ -143,7 +143,8 @@ struct nw_global {
 };
 extern struct nw_global nw_g;
 
-int64_t nw_now_ns(void); /* CLOCK_REALTIME */
+int64_t nw_now_ns(void);        /* CLOCK_REALTIME */
+int64_t nw_coarse_now_ns(void); /* CLOCK_REALTIME_COARSE: a tick's resolution, for timeouts */
 void nw_count_drop(enum nw_drop_reason reason);
 
 /* pool.c */

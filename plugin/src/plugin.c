@@ -37,6 +37,12 @@ int64_t nw_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int64_t nw_coarse_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts); /* the kernel's last tick: a plain memory read */
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 void nw_count_drop(enum nw_drop_reason reason) {
   atomic_fetch_add_explicit(&nw_g.dropped[reason], 1, memory_order_relaxed);
 }
@@ -60,8 +66,13 @@ static void nw_copy_str(char* dst, size_t n, const char* src) {
 }
 
 static bool nw_is_rooted(const char* func) {
-  return !strcmp(func, "Broadcast") || !strcmp(func, "Reduce") || !strcmp(func, "Gather") ||
-         !strcmp(func, "Scatter");
+  switch (func[0]) { /* AllReduce/AllGather, the common ones, take no strcmp */
+    case 'B': return !strcmp(func, "Broadcast");
+    case 'R': return !strcmp(func, "Reduce");
+    case 'G': return !strcmp(func, "Gather");
+    case 'S': return !strcmp(func, "Scatter");
+    default: return false;
+  }
 }
 
 /* CollApi/P2pApi start (v5+): NCCL copied the activation mask into this call's task just
@@ -90,7 +101,7 @@ static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const c
   struct nw_op_rec* r = &op->rec;
   nw_copy_str(r->op, sizeof r->op, func);
   /* NCCL spells it "AlltoAll"; the contract and the bandwidth rules say "AllToAll". */
-  if (!strcmp(r->op, "AlltoAll")) memcpy(r->op, "AllToAll", 9);
+  if (r->op[3] == 't' && !strcmp(r->op, "AlltoAll")) memcpy(r->op, "AllToAll", 9);
   nw_copy_str(r->dtype, sizeof r->dtype, dtype);
   nw_copy_str(r->algo, sizeof r->algo, p2p ? "" : algo);
   nw_copy_str(r->proto, sizeof r->proto, p2p ? "" : proto);
@@ -264,7 +275,9 @@ static nw_nccl_result nw_stop(void* handle) {
   if (h->kind == NW_KIND_OP) {
     /* "Enqueued", not finished: the op stays open until its channels report. */
     struct nw_op* op = handle;
-    atomic_store_explicit(&op->stopped_ns, nw_now_ns(), memory_order_relaxed);
+    /* Only the reaper reads it, against thresholds of a second and more: the coarse clock
+     * does, and an op expecting no channel completes right here. */
+    if (op->expect_kch) atomic_store_explicit(&op->stopped_ns, nw_coarse_now_ns(), memory_order_relaxed);
     nw_op_release(op, atomic_load_explicit(&op->hdr.generation, memory_order_relaxed));
   } else if (h->kind == NW_KIND_KCH) {
     struct nw_kch* k = handle;

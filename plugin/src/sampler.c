@@ -140,7 +140,7 @@ void nw_sampler_group_stop(void) {
       nw_set_mask(true);
     return;
   }
-  int64_t now = nw_now_ns();
+  int64_t now = nw_coarse_now_ns(); /* against NCCLWATCH_TIMING_KEY_MS: a tick is enough */
   bool was_timed = atomic_load_explicit(&nw_g.timed_now, memory_order_relaxed);
   uint64_t sig = nw_s.sig;
   if (sig) {
