@@ -407,8 +407,8 @@ def comm_dashboard() -> dict[str, Any]:
             "datasource": DS,
             "targets": [
                 target(
-                    f"bottomk(8, min by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}}))",
-                    "rank {{rank}}",
+                    f"bottomk(8, min by (rank, node) (ncclwatch_rank_relative_exec{{{rank_sel}}}))",
+                    "rank {{rank}} ({{node}})",
                     instant=True,
                 )
             ],
@@ -435,6 +435,24 @@ def comm_dashboard() -> dict[str, Any]:
             w=24,
             h=6,
             hide=("Time", "__name__", "instance", "cluster", "Value"),
+        ),
+        table(
+            "Straggler's GPUs (DCGM exporter)",
+            # ncclwatch and Inspector call the host `node`; DCGM exporter calls it `Hostname`.
+            target(
+                f'max by (node, rank) (ncclwatch_anomaly_active{{{ANOMALY}, type="straggler"}})'
+                ' * on (node) group_right (rank)'
+                ' label_replace(DCGM_FI_DEV_GPU_UTIL, "node", "$1", "Hostname", "(.+)")',
+                instant=True,
+                fmt="table",
+            ),
+            description="GPU utilization (DCGM_FI_DEV_GPU_UTIL) of the node whose rank the "
+            "detector names as a straggler, joined on the host name: empty without DCGM "
+            "exporter or without a straggler.",
+            w=24,
+            h=6,
+            unit="percent",
+            hide=("Time", "__name__", "instance", "cluster", "job", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"),
         ),
     ]
     return dashboard(

@@ -11,10 +11,10 @@ ncclwatch_busbw_observed_gbs          gauge      job, comm, op, size_bucket, tra
 ncclwatch_busbw_baseline_gbs          gauge      job, comm, op, size_bucket, transport
 ncclwatch_degradation_ratio           gauge      job, comm, op, size_bucket, transport (effect)
 ncclwatch_exec_seconds                histogram  job, op, transport (window median exec)
-ncclwatch_anomaly_active              gauge      job, type, comm, op, size_bucket, transport, rank, severity
+ncclwatch_anomaly_active              gauge      job, type, comm, op, size_bucket, transport, rank, severity, node
 ncclwatch_anomalies_total             counter    job, type, severity
 ncclwatch_job_tflops_per_gpu          gauge      job
-ncclwatch_rank_relative_exec          gauge      job, comm, rank (straggler score)
+ncclwatch_rank_relative_exec          gauge      job, comm, rank, node (straggler score)
 ncclwatch_detector_records_total      counter    kind
 ncclwatch_detector_lag_seconds        gauge      (wall clock - newest record time)
 ncclwatch_detector_input_live         gauge      (1 live input, 0 a replay: lag is its age)
@@ -27,7 +27,9 @@ Cardinality is bounded: at most ``max_keys`` key series (the five-label busbw
 family) and ``max_keys`` rank series are kept; the least recently updated is evicted
 and its series removed. ``ncclwatch_anomaly_active`` series exist only while their
 anomaly fires (removed on resolve). A job the pipeline forgets loses all its series.
-Labels that an anomaly spans (``null`` in the event) are exported as ``""``.
+Labels that an anomaly spans (``null`` in the event) are exported as ``""``. ``node`` is the
+host name the plugin saw (``gethostname``), the value DCGM exporter puts in ``Hostname``
+and Inspector in ``node``: a rank's or an anomaly's series joins theirs on it.
 ``ncclwatch_anomalies_total`` counts an anomaly once, at its first firing event, with
 that event's severity.
 
@@ -55,7 +57,8 @@ from ncclwatch.records import AnomalyEvent
 COUNTED_IDS = 100_000  # anomaly ids remembered so each is counted once
 KEY_LABELS = ("job", "comm", "op", "size_bucket", "transport")
 # severity: the detector's, so Prometheus rules page exactly when the alert sink does
-ANOMALY_LABELS = ("job", "type", "comm", "op", "size_bucket", "transport", "rank", "severity")
+ANOMALY_LABELS = ("job", "type", "comm", "op", "size_bucket", "transport", "rank", "severity", "node")
+RANK_LABELS = ("job", "comm", "rank", "node")
 # 10 us .. ~100 s, factor ~3: NCCL ops span small-message latency to huge transfers.
 EXEC_BUCKETS = (
     1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0,
@@ -128,7 +131,7 @@ class DetectorMetrics:
         self.rank_relative = Gauge(
             "ncclwatch_rank_relative_exec",
             "A rank's EW exec time over the median of the other ranks' (straggler when low)",
-            ("job", "comm", "rank"), registry=r)
+            RANK_LABELS, registry=r)
         self.records_total = Counter(
             "ncclwatch_detector_records_total",
             "Records the detector processed, by kind",
@@ -147,7 +150,7 @@ class DetectorMetrics:
         self._pipelines: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lag_override: float | None = None
         self._key_lru: OrderedDict[tuple[str, ...], tuple[Any, Any, Any]] = OrderedDict()
-        self._rank_lru: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._rank_lru: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
         self._rank_updated: dict[tuple[str, str], int] = {}
         self._exec_children: dict[tuple[str, str, str], Any] = {}
         self._record_children: dict[str, Any] = {}
@@ -245,11 +248,12 @@ class DetectorMetrics:
         ck = (job, ks.comm)
         if self._rank_updated.get(ck) != end_ns:
             self._rank_updated[ck] = end_ns
+            hosts = ks.rank_host
             for rank, rel in ks.straggler.relative().items():
-                self._rank(job, ks.comm, str(rank)).set(rel)
+                self._rank(job, ks.comm, str(rank), hosts.get(rank, "")).set(rel)
 
-    def _rank(self, job: str, comm: str, rank: str) -> Any:
-        labels = (job, comm, rank)
+    def _rank(self, job: str, comm: str, rank: str, node: str) -> Any:
+        labels = (job, comm, rank, node)
         lru = self._rank_lru
         child = lru.get(labels)
         if child is None:
@@ -285,6 +289,7 @@ class DetectorMetrics:
         labels = (
             ev.job, ev.type, k.get("comm") or "", k.get("op") or "", k.get("size_bucket") or "",
             k.get("transport") or "", "" if ev.rank is None else str(ev.rank), ev.severity,
+            ev.host or "",
         )
         old = self._active.get(ev.id)
         if old != labels:

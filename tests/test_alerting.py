@@ -553,21 +553,23 @@ tests:
               description: "Observed bus bandwidth is 75% of its learned baseline for at least 1m (degraded below 90%)."
               runbook_url: "https://runbooks.example.com/ncclwatch/NcclCollectiveDegraded.md"
               dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
-  # scraped without honor_labels -> `exported_job`, copied back into `job`
+  # scraped without honor_labels -> `exported_job`, copied back into `job`; the straggler
+  # is the detector's verdict, not a threshold on the rank gauge (rank 4's low gauge alone
+  # pages nobody)
   - interval: 15s
     input_series:
-      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="3", instance="w1:9466"}}'
-        values: '1 0.6x10'
-      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="4", instance="w1:9466"}}'
+      - series: 'ncclwatch_anomaly_active{{job="ncclwatch", exported_job="llm", type="straggler", comm="0xa", op="", size_bucket="", transport="", rank="3", severity="critical", node="gpu-node-7", instance="w1:9466"}}'
         values: '1x10'
+      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="4", node="gpu-node-8", instance="w1:9466"}}'
+        values: '0.5x10'
     alert_rule_test:
-      - eval_time: 2m
+      - eval_time: 1m
         alertname: NcclStragglerRank
         exp_alerts:
-          - exp_labels: {{job: llm, comm: "0xa", rank: "3", severity: warning, source: prometheus}}
+          - exp_labels: {{job: llm, type: straggler, comm: "0xa", rank: "3", node: gpu-node-7, severity: critical, source: prometheus}}
             exp_annotations:
-              summary: "Straggler: rank 3 of comm 0xa in job llm keeps the other ranks waiting (its collectives take 0.60x their time)"
-              description: "Relative execution time below 0.8 for at least 1m: this rank arrives late at every collective of its communicator and the others wait for it."
+              summary: "Straggler: rank 3 (node gpu-node-7) of comm 0xa in job llm keeps the other ranks waiting"
+              description: "The ncclwatch detector names this rank as the one the others wait for at every collective of its communicator (ncclwatch:rank_relative_exec shows by how much)."
               runbook_url: "https://runbooks.example.com/ncclwatch/NcclStragglerRank.md"
               dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
   # the attributed alerts carry the detector's severity: the same page as the alert sink

@@ -456,6 +456,9 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
         # this Prometheus scrapes without honor_labels (the metric's job is exported_job).
         assert ("NcclCollectiveDegraded", "AllGather") not in seen
         assert not {("NcclStragglerRank", r) for r in "012"} & seen
+        # The detector's verdict names the rank's node, which the alert carries.
+        assert {a["labels"].get("node") for a in firing if a["labels"]["alertname"] == "NcclStragglerRank"} \
+            == {"node-3"}
         assert ("NcclTelemetryLoss", "forwarder_silent@idle") not in seen
         # the replay lags 1000 s too, which is the recording's age, not lateness; and only
         # the target that is down is
@@ -519,3 +522,69 @@ def test_alert_raised_during_an_alertmanager_outage_and_a_pending_resolution_sur
     assert sink.pending() == 0
     webhook.wait(job, is_firing("NcclStragglerRank"))
     webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
+
+
+def test_ncclwatch_series_join_dcgm_and_inspector_series_on_node_in_prometheus(services, prometheus_url):
+    """The straggler's node, as the detector names it, joins what the cluster already has.
+
+    NCCL Inspector labels its series with ``node`` (the host name), as ncclwatch does, so
+    they join with ``on (node)`` as they are. DCGM exporter calls the same value
+    ``Hostname``: one ``label_replace`` in the query (the dashboard's "Straggler's GPUs
+    (DCGM)" panel) joins it, without any relabelling at scrape time.
+    """
+    from prometheus_client import CollectorRegistry, Gauge
+
+    job = testing.unique_name("job")
+    detector = DetectorRun(job)
+    detector.feed(range(40))  # rank 3 of the 4-rank communicator straggles from t = 20 s
+    (straggler,) = [e for e in detector.events if e.type == "straggler"]
+    node = straggler.host
+    assert node  # node-3, from the windows' host
+
+    # DCGM exporter and Inspector as they label their series (values are per GPU / key).
+    others = CollectorRegistry()
+    util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
+                 ("gpu", "UUID", "device", "modelName", "Hostname"), registry=others)
+    for host in (node, "node-0"):
+        for gpu in range(2):
+            util.labels(str(gpu), f"GPU-{host}-{gpu}", f"nvidia{gpu}", "NVIDIA H200", host).set(
+                30 + gpu if host == node else 90)
+    busbw = Gauge("nccl_bus_bandwidth_gbs", "Inspector: bus bandwidth, GB/s",
+                  ("slurm_job_id", "node", "gpu", "comm_name", "collective", "message_size"),
+                  registry=others)
+    busbw.labels(job, node, "GPU3", "tp", "AllReduce", "8-16MB").set(71.5)
+    busbw.labels(job, "node-0", "GPU0", "tp", "AllReduce", "8-16MB").set(160.0)
+
+    servers = [start_http_server(0, addr="127.0.0.1", registry=r)[0]
+               for r in (detector.registry, others)]
+    addrs = [f"127.0.0.1:{h.server_address[1]}" for h in servers]
+    targets = Targets(services.prometheus_targets_file)
+    for t in addrs:
+        targets.add(t)
+    try:
+        testing.reload(prometheus_url)
+        mine, theirs = (f'instance="{a}"' for a in addrs)
+        testing.wait_prometheus(prometheus_url, f"ncclwatch_anomaly_active{{{mine}}}", timeout=20)
+        testing.wait_prometheus(prometheus_url, f"nccl_bus_bandwidth_gbs{{{theirs}}}", timeout=20)
+        # The straggling rank's GPUs, from DCGM: joined on the node the detector names.
+        rows = testing.prometheus_query(
+            prometheus_url,
+            f'max by (node, rank) (ncclwatch_anomaly_active{{{mine}, type="straggler"}})'
+            f' * on (node) group_right (rank)'
+            f' label_replace(DCGM_FI_DEV_GPU_UTIL{{{theirs}}}, "node", "$1", "Hostname", "(.+)")')
+        got = sorted((r["metric"]["node"], r["metric"]["rank"], r["metric"]["gpu"], float(r["value"][1]))
+                     for r in rows)
+        assert got == [(node, "3", "0", 30.0), (node, "3", "1", 31.0)], rows
+        # Inspector's own series join as they are, on node: its bandwidth on that node.
+        rows = testing.prometheus_query(
+            prometheus_url,
+            f"max by (node) (nccl_bus_bandwidth_gbs{{{theirs}}})"
+            f' and on (node) ncclwatch_rank_relative_exec{{{mine}, rank="3"}}')
+        assert [(r["metric"]["node"], float(r["value"][1])) for r in rows] == [(node, 71.5)], rows
+    finally:
+        for t in addrs:
+            targets.remove(t)
+        testing.reload(prometheus_url)
+        for h in servers:
+            h.shutdown()
+            h.server_close()

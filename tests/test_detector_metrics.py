@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline
@@ -59,13 +61,15 @@ def test_every_documented_metric_is_exported_with_its_labels():
     (ev,) = events
     assert sample(reg, "ncclwatch_anomaly_active", job=job, type="network_path", comm=comm,
                   op="AllReduce", size_bucket="64MiB", transport="mixed", rank="",
-                  severity=ev.severity) == 1.0
+                  severity=ev.severity, node="") == 1.0  # a network path spans nodes
     assert sample(reg, "ncclwatch_anomalies_total", job=job, type="network_path",
                   severity=ev.severity) == 1.0
     assert sample(reg, "ncclwatch_job_tflops_per_gpu", job=job) > 200
     assert sample(reg, "ncclwatch_exec_seconds_count", job=job, op="AllReduce",
                   transport="mixed") > 0
-    assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec", job=job, comm=comm, rank="11") < 1.5
+    # node: the rank's host, as DCGM's Hostname and Inspector's node carry it (2 x 8 GPUs)
+    assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec", job=job, comm=comm, rank="11",
+                        node=scenarios.host_name(1)) < 1.5
     assert sample(reg, "ncclwatch_detector_records_total", kind="window") > 1000
     assert sample(reg, "ncclwatch_detector_keys") == p.key_count() == 14
     assert sample(reg, "ncclwatch_detector_lag_seconds") > 0  # replayed past data lags
@@ -141,12 +145,21 @@ def test_two_open_anomalies_sharing_a_series_keep_it_until_both_resolve():
 
     labels = dict(job="j", type="telemetry_loss", comm="", op="", size_bucket="",
                   transport="", rank="", severity="warning")
+    # Each names its node: two series, each removed with its own anomaly.
     m.event(ev(1, "firing"))
     m.event(ev(2, "firing"))
     m.event(ev(1, "resolved"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", labels) == 1.0
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h1"}) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2"}) == 1.0
     m.event(ev(2, "resolved"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", labels) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2"}) is None
+    # Two anomalies on one series (same node): it stays until the last one resolves.
+    m.event(ev(3, "firing"))
+    m.event(dataclasses.replace(ev(4, "firing"), host="h3"))
+    m.event(ev(3, "resolved"))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3"}) == 1.0
+    m.event(dataclasses.replace(ev(4, "resolved"), host="h3"))
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3"}) is None
 
 
 def test_window_with_unusual_label_values_is_exported_escaped():
@@ -173,7 +186,7 @@ def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_ris
                 end_ns=None, detected_ns=2, baseline_busbw_gbs=None, observed_busbw_gbs=None,
                 effect=0.3, attribution="network", throughput_delta=None, evidence={})
     labels = dict(job="j", type="network_path", comm="0x1", op="AllReduce", size_bucket="64MiB",
-                  transport="net", rank="")
+                  transport="net", rank="", node="")
     m.event(AnomalyEvent(state="firing", severity="warning", **base))
     assert m.registry.get_sample_value("ncclwatch_anomaly_active",
                                        {**labels, "severity": "warning"}) == 1.0
