@@ -372,6 +372,7 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
         ),
     }  # fmt: skip
     inspector = textfile_dir / f"nccl_inspector_metrics_{job}.prom"
+    dcgm = textfile_dir / f"dcgm_{job}.prom"
     targets = Targets(services.prometheus_targets_file)
     # node-exporter is scraped again here, so its textfile metrics carry this run's cluster
     node_exporter = urllib.parse.urlparse(services.node_exporter_url).netloc
@@ -382,6 +383,12 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
         tmp_prom = inspector.with_suffix(".tmp")  # node-exporter reads only *.prom: no torn reads
         tmp_prom.write_text(fixture.replace('slurm_job_id="1670760"', f'slurm_job_id="{job}"'))
         os.replace(tmp_prom, inspector)
+        # DCGM exporter's GPU utilisation for the demo's nodes, as it names them (`Hostname`)
+        dcgm_tmp = dcgm.with_suffix(".tmp")
+        dcgm_tmp.write_text("".join(
+            f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{host}-{g}",Hostname="{host}"}} {40 + g}\n'
+            for host in demo.HOSTS for g in range(demo.GPUS_PER_NODE)))
+        os.replace(dcgm_tmp, dcgm)
         targets.add(instances, {"cluster": cluster})
         for instance in instances:
             wait_up(prometheus_url, instance, procs, tmp)
@@ -411,6 +418,7 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
             f.close()
         targets.remove(instances)
         inspector.unlink(missing_ok=True)
+        dcgm.unlink(missing_ok=True)
 
 
 def run_values(live: dict) -> dict[str, str]:
@@ -452,7 +460,17 @@ def test_the_communicator_drill_down_with_one_communicator_selected_returns_data
         prometheus_url, dashboards["ncclwatch-comm"], values=values,
         start_s=live["start_s"], end_s=live["end_s"], rate_s=RATE_S,
     )  # fmt: skip
-    assert failures(results) == [], "\n".join(failures(results))
+    # the demo's straggler (global rank 1) is not in this communicator: its GPUs stay empty here
+    dcgm = "Straggler's GPUs (DCGM exporter)"
+    assert {r.series for r in results if r.panel == dcgm} == {0}
+    assert failures([r for r in results if r.panel != dcgm]) == [], "\n".join(failures(results))
+    # ... and show up once a communicator the straggler belongs to is selected (dp, ranks 1 and 3)
+    theirs = {**run_values(live), "comm": "0x00000000000000a1", "op": "AllReduce", "transport": "net"}
+    results = check_dashboard(
+        prometheus_url, dashboards["ncclwatch-comm"], values=theirs,
+        start_s=live["start_s"], end_s=live["end_s"], rate_s=RATE_S,
+    )  # fmt: skip
+    assert {r.panel for r in results if r.series > 0} >= {dcgm}
     # a communicator the run never had selects nothing: the filters really filter
     values["comm"] = "0x00000000000000ff"
     results = check_dashboard(

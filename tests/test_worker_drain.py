@@ -72,7 +72,7 @@ def test_until_caught_up_exits_0_once_every_input_is_committed_with_every_event_
                                           idle_s=0.5, timeout_s=30)]
     import json
 
-    assert sorted(identity(json.loads(v)) for v in events) == sorted(identity(e) for e in expected)
+    assert sorted(identity(json.loads(v)) for v in events) == sorted(identity(e) for e in expected), r.stderr[-6000:]
     assert time.monotonic() - t0 < 120
     # no `<app-id>-data/` left in the working directory, and no progress bar off a terminal
     assert list(tmp_path.iterdir()) == []
