@@ -38,6 +38,8 @@ def prefixed_env(kafka_bootstrap: str) -> dict[str, str]:
         "NCCLWATCH_TOPICS_PARTITIONS": "2",
         "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
         "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
+        # the scenario is dated 2025: the worker's own topics (anomalies) must not expire it
+        **testing.RECORDED_TOPICS_ENV,
     }
 
 
