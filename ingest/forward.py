@@ -193,7 +193,10 @@ class Forwarder:
         self.aligned = StreamTimes()  # every source's streams: they share the host clock
 
         self.sources: list[tuple[str, Tailer]] = []
-        self.spool = SpoolTailer(opts.spool_dir)
+        self.spool = SpoolTailer(opts.spool_dir, trust=cfg.ingest.spool_trust)
+        # ingest.spool_trust=owner: a record must name the job of the directory it is in
+        self.check_job = cfg.ingest.spool_trust == "owner"
+        self._dir_jobs: dict[str, str | None] = {}  # segment dir -> its job's safe name
         self.sources.append(("spool", self.spool))
         self.inspector: FileTailer | None = None
         self.inspector_jobs: dict[str, str] = {}
@@ -469,6 +472,8 @@ class Forwarder:
             starts = self.open_first.setdefault(src, {})
             raws = chunk.raws
             self.last_seen[src] = now
+            want = self._dir_job(src) if self.check_job else None
+            ok_job = None  # the last job seen to match `want` in this chunk
             # A chunk of one cut or unterminated line says where that line ended.
             ends = [chunk.next_offset] if len(raws) == 1 else None
             off = chunk.offset
@@ -476,6 +481,11 @@ class Forwarder:
             for raw in raws:
                 nxt = off + len(raw) + 1 if ends is None else ends[0]
                 rec = parse(raw, src, off)
+                if want is not None and (job := getattr(rec, "job", ok_job)) != ok_job:
+                    if safe_filename(job) == want:
+                        ok_job = job
+                    else:
+                        rec = self._wrong_job(job, raw, src, off)
                 if type(rec) is fast_op and (end := rec.start_ns + rec.exec_ns) > future:
                     rec = self._ahead_of_clock(end, now, raw, src, off)
                 if type(rec) is fast_op:
@@ -528,6 +538,24 @@ class Forwarder:
             if floor >= 0 and off >= floor:
                 del self.floor[src]
         return n, stopped
+
+    def _dir_job(self, src: str) -> str | None:
+        """The safe name of the job whose spool directory holds ``src`` (None directly
+        in the spool directory: no job to check against)."""
+        d = os.path.dirname(src)
+        want = self._dir_jobs.get(d, "")
+        if want == "":
+            if len(self._dir_jobs) > 65536:
+                self._dir_jobs.clear()
+            inside = os.path.normpath(d) != os.path.normpath(self.spool.spool_dir)
+            want = self._dir_jobs[d] = os.path.basename(d) if inside else None
+        return want
+
+    def _wrong_job(self, job: str, raw: bytes, src: str, off: int) -> Quarantined:
+        return Quarantined(stage="origin", reason="wrong_job",
+                           detail=f"record of job {job!r} in the spool directory of another job "
+                                  "(ingest.spool_trust=owner)",
+                           source=src, offset=off, raw=raw[:4096].decode("utf-8", errors="replace"))
 
     def _ahead_of_clock(self, t_ns: int, now: float, raw: bytes, src: str, off: int) -> Quarantined:
         ahead = t_ns / 1e9 - now
@@ -997,6 +1025,7 @@ class Forwarder:
     def _gauges(self) -> None:
         self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
         self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+        self.metrics.untrusted_files.set(len(self.spool.untrusted))
         late = sum(w.late_total for w in self.windowers.values())
         if late > self.late_reported:
             self.metrics.windows_late.inc(late - self.late_reported)

@@ -37,6 +37,9 @@ class ForwarderMetrics:
         self.disk_failing = Gauge("ncclwatch_forwarder_disk_write_failing",
                                   "1 while writes to this part of the state directory fail",
                                   ["where"], registry=r)
+        self.untrusted_files = Gauge("ncclwatch_forwarder_untrusted_files",
+                                     "Spool segments left unread: owned by another user than "
+                                     "their job directory's (ingest.spool_trust=owner)", registry=r)
         self.windows_late = Counter("ncclwatch_forwarder_window_late_ops_total",
                                     "Ops that arrived after their window had closed",
                                     registry=r)

@@ -382,11 +382,20 @@ class SpoolTailer(Tailer):
 
     Files directly in ``spool_dir`` are read too. Files whose names are not segments
     are ignored (the spool is the plugin's, and a stray editor file is not data).
+
+    ``trust="owner"`` reads a segment only when the owner of its directory, root or
+    this process's user owns it: on a node shared by several users, one user's files
+    dropped into another's job directory are not that job's records. The others are
+    left unread and listed in :attr:`untrusted` (path -> "file uid U in a directory of
+    uid D"), each logged once.
     """
 
-    def __init__(self, spool_dir: str, positions: dict[str, int] | None = None, **kwargs):
+    def __init__(self, spool_dir: str, positions: dict[str, int] | None = None, *,
+                 trust: str = "any", **kwargs):
         super().__init__(positions, **kwargs)
         self.spool_dir = spool_dir
+        self.trust_owner = trust == "owner"
+        self.untrusted: dict[str, str] = {}
         self._sids: dict[str, str] = {}
         self._listed: dict[str, tuple[int, list]] = {}  # dir (+ "/" for its subdirs) -> (mtime, listing)
         self._streams: list[list[str]] | None = None  # the last answer, while nothing changed
@@ -436,7 +445,8 @@ class SpoolTailer(Tailer):
         from the last listing while ``d`` is unchanged; None if ``d`` is gone."""
         key = d + "/" if dirs else d
         try:
-            mtime = os.stat(d).st_mtime_ns
+            dst = os.stat(d)
+            mtime = dst.st_mtime_ns
         except (FileNotFoundError, NotADirectoryError):
             self._relisted = self._relisted or self._listed.pop(key, None) is not None
             return None
@@ -453,6 +463,8 @@ class SpoolTailer(Tailer):
                         continue
                     seg = segment_of(e.name)
                     if seg is not None and e.is_file(follow_symlinks=False):
+                        if self.trust_owner and not self._trusted(e, dst.st_uid):
+                            continue
                         out.append((os.path.join(d, seg[0]), seg[1], e.path))
         except (FileNotFoundError, NotADirectoryError):
             self._relisted = self._relisted or self._listed.pop(key, None) is not None
@@ -460,6 +472,19 @@ class SpoolTailer(Tailer):
         self._listed[key] = (mtime, out)
         self._relisted = True
         return out
+
+    def _trusted(self, entry: os.DirEntry, dir_uid: int) -> bool:
+        try:
+            uid = entry.stat(follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            return False
+        if uid in (dir_uid, 0, os.geteuid()):
+            return True
+        if entry.path not in self.untrusted:
+            self.untrusted[entry.path] = f"file uid {uid} in a directory of uid {dir_uid}"
+            log.warning("event=untrusted_segment path=%r file_uid=%d dir_uid=%d action=not_read "
+                        "(ingest.spool_trust=owner)", entry.path, uid, dir_uid)
+        return False
 
 
 class FileTailer(Tailer):

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import threading
 import time
 import warnings
@@ -134,6 +135,25 @@ def spool_path(spool_dir: str, job: str, host: str, pid: int) -> str:
     )
 
 
+def check_dir_ours(d: str) -> None:
+    """Raise ``PermissionError`` unless ``d`` is a directory of this user that no other
+    user may write: the plugin's rule for a job's spool directory (plugin/src/writer.c),
+    since on a shared node's sticky spool someone else may have created it first.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); check_dir_ours(d); os.chmod(d, 0o777)
+    >>> check_dir_ours(d)
+    Traceback (most recent call last):
+    ...
+    PermissionError: spool directory ... is writable by every user: not writing there
+    """
+    st = os.lstat(d)
+    why = ("is not a directory" if not stat.S_ISDIR(st.st_mode)
+           else "belongs to another user" if st.st_uid != os.geteuid()
+           else "is writable by every user" if st.st_mode & stat.S_IWOTH else "")
+    if why:
+        raise PermissionError(f"spool directory {d} {why}: not writing there")
+
+
 def _open(path: str) -> int:
     fd = _fds.get(path)
     if fd is None:
@@ -141,7 +161,8 @@ def _open(path: str) -> int:
             fd = _fds.get(path)
             if fd is None:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                check_dir_ours(os.path.dirname(path))
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
                 fd = os.open(path, flags, 0o644)
                 _fds[path] = fd
     return fd

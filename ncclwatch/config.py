@@ -120,6 +120,9 @@ class TopicsConfig:
                 object.__setattr__(self, name, self.prefix + value)  # frozen: set once, here
 
 
+SPOOL_TRUST = ("owner", "any")
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     """The per-node forwarder."""
@@ -141,12 +144,20 @@ class IngestConfig:
     # (out_of_range): one far-future op would otherwise move its stream's time so far
     # that every later op of the process arrives "late" and no window closes again.
     max_future_s: float = 3600.0
+    # Which spool files the forwarder believes (docs/deploy.md "Shared nodes"): "owner"
+    # reads a job directory's segments only when the directory's owner (or root, or the
+    # forwarder's own user) owns them, and quarantines records of any other job than the
+    # directory's (wrong_job); "any" reads every segment, as on a node with one tenant.
+    spool_trust: str = "owner"
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9465
     # exporter-toolkit web config (TLS, basic auth) of the metrics endpoint: ncclwatch/exposition.py
     metrics_web_config: str = ""
 
     def __post_init__(self) -> None:
+        if self.spool_trust not in SPOOL_TRUST:
+            raise ValueError(f"ingest.spool_trust must be one of {', '.join(SPOOL_TRUST)}, "
+                             f"got {self.spool_trust!r}")
         # Checked here, not where the first log line is read: a bad zone is a config error.
         if self.trainlog_timezone != "local" and self.trainlog_timezone.upper() not in ("UTC", "Z"):
             try:

@@ -66,6 +66,7 @@ QUARANTINE_REASONS = (
     "unknown_version",
     "unknown_kind",
     "schema",
+    "wrong_job",
 )
 
 
@@ -241,7 +242,7 @@ class Quarantined:
     """A line the forwarder could not accept, kept with the reason and where it came from."""
 
     KIND: ClassVar[str] = "quarantined"
-    stage: str = _f(enum=("parse", "schema", "size"))
+    stage: str = _f(enum=("parse", "schema", "size", "origin"))
     reason: str = _f(enum=QUARANTINE_REASONS)
     detail: str
     source: str

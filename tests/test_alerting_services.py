@@ -162,8 +162,8 @@ def test_warning_tickets_info_goes_nowhere_and_telemetry_loss_has_its_own_route(
     sink.handle(anomaly(job, type="collective_degraded", severity="warning", attribution="unknown"))
     sink.handle(anomaly(job, type="straggler", severity="info", rank=3))
     sink.handle(anomaly(job, type="telemetry_loss", severity="critical", attribution="telemetry"))
-    assert webhook.wait(job, is_firing("NcclCollectiveDegraded"))["path"] == "/ticket"
-    assert webhook.wait(job, is_firing("NcclTelemetryLoss"))["path"] == "/telemetry"
+    assert webhook.wait(job, is_firing("NcclCollectiveDegraded"), timeout_s=60)["path"] == "/ticket"
+    assert webhook.wait(job, is_firing("NcclTelemetryLoss"), timeout_s=60)["path"] == "/telemetry"
     held = AlertmanagerClient(am).get_alerts(job=job, alertname="NcclStragglerRank")
     assert [r["name"] for r in held[0]["receivers"]] == ["ncclwatch-null"]
     assert "NcclStragglerRank" not in {a["labels"]["alertname"] for _, a in webhook.alerts(job)}

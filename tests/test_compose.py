@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -407,10 +408,35 @@ def test_the_forwarder_unit_passes_systemd_analyze_and_its_command_parses(tmp_pa
     assert "User=ncclwatch" in unit and "Restart=always" in unit
 
 
-def test_tmpfiles_make_the_spool_sticky_and_world_writable():
+def test_tmpfiles_make_the_spool_sticky_and_world_writable_or_root_only_on_shared_nodes():
     lines = [x.split() for x in (DEPLOY / "systemd" / "ncclwatch-tmpfiles.conf").read_text().splitlines()]
     spool = [x for x in lines if x[:2] == ["d", "/var/spool/ncclwatch"]]
     assert spool and spool[0][2] == "1777"
+    shared = [x for x in lines if x[:2] == ["#d", "/var/spool/ncclwatch"]]
+    assert shared and shared[0][2:5] == ["0755", "root", "root"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to the job's user needs root, as Slurm's Prolog has")
+def test_prolog_gives_the_job_directory_to_the_jobs_user_replacing_anyone_elses(tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    env = {"NCCLWATCH_SPOOL": str(spool), "SLURM_JOB_UID": "54321", "SLURM_JOB_GID": "54322"}
+    # someone else (uid 11111) created the next job's directory first, with a segment in it
+    squat = spool / "4242"
+    squat.mkdir(mode=0o777)
+    (squat / "h-GPU-0-1.000000.jsonl").write_text("{}\n")
+    os.chown(squat, 11111, 11111)
+    assert run_script("prolog.sh", {**env, "SLURM_JOB_ID": "4242"}).returncode == 0
+    st = squat.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (54321, 54322, 0o755)
+    assert list(squat.iterdir()) == []
+    # a second run (requeue) keeps what the job's user wrote
+    (squat / "h-GPU-0-2.000000.jsonl").write_text("{}\n")
+    assert run_script("prolog.sh", {**env, "SLURM_JOB_ID": "4242"}).returncode == 0
+    assert [p.name for p in squat.iterdir()] == ["h-GPU-0-2.000000.jsonl"]
+    for bad in ("..", "4243/..", "", "*"):
+        assert run_script("prolog.sh", {**env, "SLURM_JOB_ID": bad}).returncode == 0
+    assert sorted(p.name for p in spool.iterdir()) == ["4242"] and tmp_path.exists()
 
 
 def run_script(name: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -361,6 +361,57 @@ def test_bad_lines_are_quarantined_with_reasons_and_a_cut_last_line_is_retried(
     assert len(consume(kafka_bootstrap, cfg.topics.quarantine)) == 6
 
 
+def shared_node_spool(spool: Path) -> tuple[list[bytes], list[bytes], Path]:
+    """``job-a``'s directory with its own stream, a stream of another job's records written
+    by the same user, and a segment another user (uid 54321) dropped in (as root)."""
+    d = spool / "job-a"
+    d.mkdir(parents=True)
+    own = stream_lines(job="job-a", host="node001", pid=7, gpu="g", rank=0, n=40)
+    (d / "node001-g-7.000000.jsonl").write_bytes(b"\n".join(own) + b"\n")
+    # the same user writing records of a job it has no directory of (or another's)
+    claims = stream_lines(job="job-b", host="node001", pid=8, gpu="g", rank=1, n=5)
+    (d / "node001-g-8.000000.jsonl").write_bytes(b"\n".join(own[:2] + claims) + b"\n")
+    foreign = d / "node001-g-9.000000.jsonl"
+    foreign.write_bytes(b"\n".join(stream_lines(job="job-a", host="node001", pid=9, gpu="g",
+                                                rank=2, n=6)) + b"\n")
+    os.chown(foreign, 54321, 54321)
+    return own, claims, foreign
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a segment to another user needs root")
+def test_a_shared_node_spool_publishes_only_the_job_directory_owners_records_of_that_job(
+        kafka_bootstrap, tmp_path):
+    cfg = make_cfg(kafka_bootstrap)
+    assert cfg.ingest.spool_trust == "owner"  # the default
+    spool = tmp_path / "spool"
+    own, claims, foreign = shared_node_spool(spool)
+    metrics = ForwarderMetrics()
+    opts = Options(spool_dir=str(spool), state_dir=str(tmp_path / "state"), node_id="n1",
+                   once=True, delete_acked=False)
+    fwd = Forwarder(cfg, opts, metrics=metrics)
+    assert fwd.run() == 0
+    ops = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.ops))]
+    assert {r.job for r in ops} == {"job-a"}
+    assert {r.pid for r in ops} == {7}  # the foreign segment (pid 9) was never read
+    assert len(ops) == len(own) + 2  # job-a's lines in the mixed segment still count
+    q = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.quarantine))]
+    assert [(x.stage, x.reason) for x in q] == [("origin", "wrong_job")] * len(claims)
+    assert sorted(x.raw.encode() for x in q) == sorted(claims)
+    assert metrics.registry.get_sample_value(
+        "ncclwatch_forwarder_records_quarantined_total", {"stage": "origin", "reason": "wrong_job"}) == 5
+    assert metrics.registry.get_sample_value("ncclwatch_forwarder_untrusted_files") == 1
+    assert str(foreign) in fwd.spool.untrusted and foreign.exists()
+
+    # a node with one tenant can switch the checks off: everything is read as it is
+    cfg_any = make_cfg(kafka_bootstrap, spool_trust="any")
+    spool2 = tmp_path / "spool2"
+    own2, claims2, _ = shared_node_spool(spool2)
+    run_once(cfg_any, tmp_path / "any", spool2)
+    ops2 = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg_any.topics.ops))]
+    assert {r.pid for r in ops2} == {7, 8, 9} and len(ops2) == len(own2) + 2 + len(claims2) + 6
+    assert consume(kafka_bootstrap, cfg_any.topics.quarantine) == []
+
+
 def test_inspector_json_and_prom_become_op_and_window_records(kafka_bootstrap, tmp_path):
     cfg = make_cfg(kafka_bootstrap)
     insp = tmp_path / "nccl-inspector-4242"

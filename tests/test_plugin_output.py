@@ -1,7 +1,7 @@
 """The C plugin's output obeys the record contract, checked from the Python side.
 
 The plugin is built with ``make -C plugin`` and driven by ``tests/plugin/driver.c``, which
-dlopens it and plays NCCL (13 scenarios: several communicators, threads, graph replays,
+dlopens it and plays NCCL (scenarios: several communicators, threads, graph replays,
 sampling, drops of every kind, exit without finalize, Inspector outputs). Every line it
 wrote must parse with ``ncclwatch.records.parse_line`` into an OpRecord, DropRecord or
 PluginStats (never Quarantined) and validate against ``ncclwatch/schemas/*.json``; ids,

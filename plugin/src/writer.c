@@ -194,12 +194,38 @@ static void nw_w_format_stats(struct nw_writer* w, struct nw_buf* b, uint64_t se
   nw_buf_puts(b, "}\n");
 }
 
+/* Is the job directory ours? On a node shared by several users the spool is sticky and
+ * world-writable like /tmp: a directory someone else created (or made writable by others)
+ * could be theirs to read, replace or fill, and a forwarder with spool_trust=owner would
+ * not believe our segments in it anyway. Then nothing is written there (write_error). */
+static bool nw_w_dir_ours(struct nw_writer* w) {
+  struct stat st;
+  const char* why = NULL;
+  if (lstat(w->dir, &st) != 0) return true; /* not there: the open reports why */
+  if (!S_ISDIR(st.st_mode))
+    why = "is not a directory";
+  else if (st.st_uid != geteuid())
+    why = "belongs to another user";
+  else if (st.st_mode & S_IWOTH)
+    why = "is writable by every user";
+  if (!why) return true;
+  if (!w->warned_error) {
+    NW_WLOG(NW_LOG_WARN, "ncclwatch: spool directory %s %s (uid %u): not writing there, "
+            "records are counted as dropped (write_error)", w->dir, why, (unsigned)st.st_uid);
+    w->warned_error = true;
+  }
+  w->closed_reason = NW_DROP_WRITE_ERROR;
+  w->retry_after_ns = nw_mono_ns() + 1000LL * 1000 * 1000;
+  return false;
+}
+
 /* Is there room in the spool bound for one more segment? Re-lists the directory, since
  * the forwarder deletes acknowledged segments; throttled while the answer is no. */
 static bool nw_w_room(struct nw_writer* w) {
   int64_t now = nw_mono_ns();
   if (now < w->retry_after_ns || w->full_pass == w->pass) return false;
   nw_mkdir_p(w->dir);
+  if (!nw_w_dir_ours(w)) return false;
   uint64_t max_index = 0;
   bool any = false;
   uint64_t total = nw_w_existing_bytes(w, &max_index, &any);

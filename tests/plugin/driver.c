@@ -996,6 +996,45 @@ static void scenario_disk(void) {
   end_scenario(&s);
 }
 
+/* A job directory that is not ours (here: writable by every user) gets no segment; its
+ * ops are counted as write_error and reach the spool once the directory is fixed. */
+static void scenario_foreign_dir(void) {
+  begin("foreign_dir", "foreign-job");
+  setenv("NCCLWATCH_FLUSH_MS", "5", 1);
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/foreign-job", spool_root);
+  mkdir(outdir, 0755);
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s/%s", outdir, scenario);
+  mkdir(parent, 0755);
+  mkdir(spool_root, 0755);
+  REQUIRE(mkdir(dir, 0700) == 0 && chmod(dir, 0777) == 0, "mkdir %s", dir);
+  struct comm c;
+  uint64_t seq = 0;
+  comm_init5(&c, 0x7777, "foreign", 1, 2, 0);
+  play_simple(&c, 4, &seq);
+  sleep_ms(100);
+  P5->finalize(c.ctx);
+  static char names[64][PATH_MAX];
+  size_t n;
+  uint64_t total;
+  list_segments(dir, names, &n, &total);
+  CHECK(n == 0, "nothing written into a world-writable job directory: %zu segments", n);
+  CHECK(strstr(log_text, "is writable by every user") != NULL, "the refusal is logged");
+  REQUIRE(chmod(dir, 0755) == 0, "chmod %s", dir);
+  sleep_ms(1100); /* the writer retries a refused directory once a second */
+  comm_init5(&c, 0x8888, "fixed", 1, 2, 0);
+  play_simple(&c, 3, &seq);
+  P5->finalize(c.ctx);
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  CHECK(count_kind(&s, "op") == 3 && recorded(&s) == 3, "ops recorded once the directory is ours");
+  CHECK(dropped(&s, "write_error") == 4, "the refused ops counted as write_error: %lld",
+        (long long)dropped(&s, "write_error"));
+  end_scenario(&s);
+}
+
 /* An op whose second channel never reports is recorded host-timed after
  * NCCLWATCH_OP_TIMEOUT_MS; the late stop of its first channel changes nothing. */
 static void scenario_reaper(void) {
@@ -1705,6 +1744,7 @@ int main(int argc, char** argv) {
   RUN("threads", scenario_threads());
   RUN("pool_full", scenario_pool_full());
   RUN("disk", scenario_disk());
+  RUN("foreign_dir", scenario_foreign_dir());
   RUN("reaper", scenario_reaper());
   RUN("v4", scenario_v4_v6());
   RUN("config", scenario_config());
