@@ -116,18 +116,22 @@ def _both_ways(env: dict[str, str], spool: Path, tmp: Path) -> dict:
 def both(kafka_bootstrap, tmp_path_factory):
     """Two spools, each read by watch and, through the forwarder, by a worker.
 
-    One holds the labelled scenarios (their window and throughput records as a spool file
-    of their own: the forwarder publishes window records as they are) and a synthetic op
+    One holds the labelled scenarios (their window and throughput records in a spool
+    directory per job: the forwarder publishes window records as they are) and a synthetic op
     spool; the other the spools the plugin recorded on 2xH200. They are a year apart, and
     a spool is one stretch of time: mixed in one, the forwarder's time order and the
     silence of the older jobs would be about the mix, not the drivers.
     """
     tmp = tmp_path_factory.mktemp("equiv")
     sim = tmp / "sim" / "spool"
-    (sim / "scenarios").mkdir(parents=True)
-    records = sorted(scenario_records(list(SCENARIOS)), key=order_key)
-    text = "".join(to_json(r) + "\n" for r in records)
-    (sim / "scenarios" / "sim-0.000000.jsonl").write_text(text)
+    # One directory per job, as the plugin lays a spool out: the forwarder keeps a
+    # directory's records to its job (ingest.spool_trust=owner, wrong_job otherwise).
+    by_job: dict[str, list[str]] = {}
+    for r in sorted(scenario_records(list(SCENARIOS)), key=order_key):
+        by_job.setdefault(r.job, []).append(to_json(r) + "\n")
+    for job, lines in by_job.items():
+        (sim / job).mkdir(parents=True)
+        (sim / job / "sim-0.000000.jsonl").write_text("".join(lines))
     write_spool(sim, job="job-ops", seconds=70, degrade_from_s=40)
     gpu = tmp / "gpu" / "spool"
     gpu.mkdir(parents=True)
