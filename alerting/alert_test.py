@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="",
                         help="Alertmanager URL (default: config alerting.alertmanager_url)")
     parser.add_argument("--job", default="ncclwatch-alert-test",
-                        help="value of the job label (default: ncclwatch-alert-test)")
+                        help="value of the training_job label (default: ncclwatch-alert-test)")
 
 
 def build_test_alert(severity: str, job: str, duration_s: float, links: AlertLinks,
@@ -45,7 +45,7 @@ def build_test_alert(severity: str, job: str, duration_s: float, links: AlertLin
     """The test alert (firing), ``endsAt`` a margin past the planned resolution."""
     host = socket.gethostname()
     labels = dict(static_labels)
-    labels.update(alertname=TEST_ALERT_NAME, severity=severity, test="true", job=job,
+    labels.update(alertname=TEST_ALERT_NAME, severity=severity, test="true", training_job=job,
                   source="ncclwatch", host=host, anomaly_id=f"test-{uuid.uuid4().hex[:12]}")
     return {
         "labels": labels,

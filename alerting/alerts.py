@@ -21,7 +21,7 @@ as absent), plus the static labels of ``config.alerting.alert_labels``.
 ...     observed_busbw_gbs=30.0, effect=0.25, attribution="network",
 ...     throughput_delta=-0.13, severity="critical", evidence={})
 >>> a = alert_from_event(ev, AlertLinks())
->>> a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["host"]
+>>> a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["node"]
 ('NcclNetworkPathDegraded', 'critical', 'node-3')
 >>> "rank" in a["labels"]
 False
@@ -31,7 +31,7 @@ AllReduce 64MiB over net (comm dp 0x00000000000000ab) on node-3: bus bandwidth d
 >>> a["startsAt"]
 '2023-11-14T22:13:20.000Z'
 >>> format_line(a, "firing")
-'ALERT firing critical NcclNetworkPathDegraded job=llm-7 comm=0x00000000000000ab ...'
+'ALERT firing critical NcclNetworkPathDegraded training_job=llm-7 comm=0x00000000000000ab ...'
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ DASHBOARD_LEAD_NS = 15 * 60 * 1_000_000_000
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Labels this module sets itself; static labels may not override them.
 RESERVED_LABELS = frozenset(
-    ("alertname", "job", "severity", "anomaly_id", "source", "comm", "op", "size_bucket",
-     "transport", "host", "rank")
+    ("alertname", "training_job", "severity", "anomaly_id", "source", "comm", "op", "size_bucket",
+     "transport", "node", "rank")
 )
 MAX_EVIDENCE_CHARS = 1024
 
@@ -226,13 +226,15 @@ def alert_from_event(
     ev = _clean(ev)
     name = ALERT_NAMES[ev.type]
     labels: dict[str, str] = dict(static_labels or {})
-    labels.update(alertname=name, job=ev.job, severity=ev.severity, anomaly_id=ev.id,
+    # Label names as on the metrics (docs/metrics.md), so Prometheus-rule alerts and these
+    # group, inhibit and silence alike.
+    labels.update(alertname=name, training_job=ev.job, severity=ev.severity, anomaly_id=ev.id,
                   source="ncclwatch")
     for member in ("comm", "op", "size_bucket", "transport"):
         if ev.key.get(member):
             labels[member] = str(ev.key[member])
     if ev.host:
-        labels["host"] = ev.host
+        labels["node"] = ev.host
     if ev.rank is not None:
         labels["rank"] = str(ev.rank)
     # An empty value is an absent label to Alertmanager; don't send it (e.g. job "").
@@ -273,7 +275,7 @@ def format_line(alert: dict[str, Any], state: str) -> str:
     labels = alert["labels"]
     shown = " ".join(
         f"{k}={labels[k]}"
-        for k in ("job", "comm", "op", "size_bucket", "transport", "host", "rank")
+        for k in ("training_job", "comm", "op", "size_bucket", "transport", "node", "rank")
         if k in labels
     )
     return (

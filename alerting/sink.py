@@ -41,8 +41,8 @@ Both methods are thread-safe and never raise on Alertmanager outages.
 ...     attribution="straggler", throughput_delta=None, severity="warning", evidence={})
 >>> sink.handle(ev)
 >>> print(out.getvalue().strip())
-ALERT firing warning NcclStragglerRank job=j comm=0x00000000000000aa op=AllGather
-size_bucket=1MiB transport=nvlink host=h1 rank=5: straggler: ... [since ..., id=s1]
+ALERT firing warning NcclStragglerRank training_job=j comm=0x00000000000000aa op=AllGather
+size_bucket=1MiB transport=nvlink node=h1 rank=5: straggler: ... [since ..., id=s1]
 """
 
 from __future__ import annotations

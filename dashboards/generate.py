@@ -2,7 +2,7 @@
 
 Three dashboards, provisioned from ``dashboards/provisioning``:
 
-- ``ncclwatch-job``: job overview. Job throughput (TFLOP/s per GPU) beside communication
+- ``ncclwatch-job``: job overview. Job throughput (FLOP/s per GPU) beside communication
   health, bus bandwidth split NVLink-only vs network/mixed (the first split NVIDIA's
   Inspector dashboards make), active anomalies as annotations and a table, and NCCL
   Inspector's own metrics from node-exporter's textfile collector.
@@ -56,9 +56,9 @@ NVLINK_RE = "nvlink"
 
 # Selectors shared by the queries. Regex matchers so that "All" (allValue ".*") also
 # matches series without the label, e.g. no `cluster` label on a single-cluster setup.
-JOB = 'cluster=~"$cluster", job=~"$job"'
+JOB = 'cluster=~"$cluster", training_job=~"$job"'
 KEY = JOB + ', comm=~"$comm", op=~"$op", transport=~"$transport"'
-# ncclwatch_exec_seconds is labelled {job, op, transport} only: a histogram per
+# ncclwatch_exec_seconds is labelled {training_job, op, transport} only: a histogram per
 # communicator would multiply the series by the bucket count.
 EXEC = JOB + ', op=~"$op", transport=~"$transport"'
 # Anomalies that span several communicators (or ops, transports) have those labels empty:
@@ -71,11 +71,11 @@ INSPECTOR = 'cluster=~"$cluster", slurm_job_id=~"$job"'
 
 def key_vars(*, comm_multi: bool = True) -> list[dict[str, Any]]:
     """cluster, job, comm, op, transport: the names alert links use (var-job=…)."""
-    metric = "ncclwatch_busbw_observed_gbs"
+    metric = "ncclwatch_busbw_observed_bytes_per_second"
     return [
         datasource_var(),
         query_var("cluster", "Cluster", f"label_values({metric}, cluster)"),
-        query_var("job", "Job", f'label_values({metric}{{cluster=~"$cluster"}}, job)'),
+        query_var("job", "Job", f'label_values({metric}{{cluster=~"$cluster"}}, training_job)'),
         query_var(
             "comm",
             "Communicator",
@@ -107,9 +107,9 @@ def anomaly_annotation(selector: str) -> dict[str, Any]:
         "iconColor": "red",
         "expr": f"ncclwatch_anomaly_active{{{selector}}} > 0",
         "step": "15s",
-        "titleFormat": "{{type}}",
+        "titleFormat": "{{anomaly_type}}",
         "textFormat": "{{comm}} {{op}} {{size_bucket}} {{transport}} rank {{rank}}",
-        "tagKeys": "type,transport",
+        "tagKeys": "anomaly_type,transport",
         "useValueForTime": False,
     }
 
@@ -120,7 +120,7 @@ def comm_link(title: str = "Communicator drill-down") -> dict[str, Any]:
         "title": title,
         "url": "/d/ncclwatch-comm/ncclwatch-communicator?${__url_time_range}"
         "&var-datasource=${datasource}&var-cluster=${cluster}"
-        "&var-job=${__data.fields.job}&var-comm=${__data.fields.comm}"
+        "&var-job=${__data.fields.training_job}&var-comm=${__data.fields.comm}"
         "&var-op=${__data.fields.op}&var-transport=${__data.fields.transport}",
     }
 
@@ -134,21 +134,21 @@ def loss_steps(below: str = "transparent") -> tuple[tuple[float | None, str], ..
 
 
 def job_dashboard() -> dict[str, Any]:
-    busbw = "ncclwatch_busbw_observed_gbs"
+    busbw = "ncclwatch_busbw_observed_bytes_per_second"
     by_key = "avg by (op, size_bucket, transport)"  # comm and rank left out: bounded series
     panels = [
         row("Job impact"),
         stat(
-            "Throughput (TFLOP/s per GPU)",
-            [target(f"avg by (job) (ncclwatch_job_tflops_per_gpu{{{JOB}}})", "{{job}}")],
-            unit="none",
+            "Throughput per GPU (FLOP/s)",
+            [target(f"avg by (training_job) (ncclwatch_job_flops_per_second_per_gpu{{{JOB}}})", "{{training_job}}")],
+            unit="flops",
             decimals=1,
-            description="Model TFLOP/s per GPU as the job reports it (ncclwatch.report_throughput "
+            description="Model FLOP/s per GPU as the job reports it (ncclwatch.report_throughput "
             "or its training log).",
         ),
         stat(
             "Active anomalies",
-            [target(f"sum by (type) (ncclwatch_anomaly_active{{{JOB}}})", "{{type}}")],
+            [target(f"sum by (anomaly_type) (ncclwatch_anomaly_active{{{JOB}}})", "{{anomaly_type}}")],
             unit="none",
             steps=((None, "green"), (1, "red")),
             no_value="0",
@@ -176,8 +176,8 @@ def job_dashboard() -> dict[str, Any]:
         ),
         timeseries(
             "Job throughput",
-            targets((f"ncclwatch_job_tflops_per_gpu{{{JOB}}}", "{{job}} TFLOP/s per GPU")),
-            unit="none",
+            targets((f"ncclwatch_job_flops_per_second_per_gpu{{{JOB}}}", "{{training_job}} per GPU")),
+            unit="flops",
             description="If throughput falls while busbw falls below its baseline, communication "
             "costs the job time; busbw alone dropping on a small bucket may not.",
         ),
@@ -185,8 +185,8 @@ def job_dashboard() -> dict[str, Any]:
             "Communication health: busbw loss vs baseline (worst key)",
             targets(
                 (
-                    f"max by (job, transport) (ncclwatch_degradation_ratio{{{KEY}}})",
-                    "{{job}} {{transport}}",
+                    f"max by (training_job, transport) (ncclwatch_degradation_ratio{{{KEY}}})",
+                    "{{training_job}} {{transport}}",
                 )
             ),
             unit="percentunit",
@@ -203,7 +203,7 @@ def job_dashboard() -> dict[str, Any]:
                     "{{op}} {{size_bucket}}",
                 ),
             ),
-            unit="GBs",
+            unit="Bps",
             min_=0,
             description="Communicators whose ranks are all on one node: traffic stays on NVLink.",
         ),
@@ -215,7 +215,7 @@ def job_dashboard() -> dict[str, Any]:
                     "{{op}} {{size_bucket}} {{transport}}",
                 ),
             ),
-            unit="GBs",
+            unit="Bps",
             min_=0,
             description="Communicators spanning nodes: `net` (one rank per node) and `mixed` "
             "(NVLink inside a node, network between nodes). Network trouble shows here first.",
@@ -233,8 +233,8 @@ def job_dashboard() -> dict[str, Any]:
             "Anomalies fired",
             targets(
                 (
-                    f"sum by (type, severity) (increase(ncclwatch_anomalies_total{{{JOB}}}[$__rate_interval]))",
-                    "{{type}} ({{severity}})",
+                    f"sum by (anomaly_type, severity) (increase(ncclwatch_anomalies_total{{{JOB}}}[$__rate_interval]))",
+                    "{{anomaly_type}} ({{severity}})",
                 )
             ),
             unit="none",
@@ -305,9 +305,9 @@ def job_dashboard() -> dict[str, Any]:
 
 
 def comm_dashboard() -> dict[str, Any]:
-    observed = f"ncclwatch_busbw_observed_gbs{{{KEY}}}"
-    baseline = f"ncclwatch_busbw_baseline_gbs{{{KEY}}}"
-    rank_sel = 'cluster=~"$cluster", job=~"$job", comm=~"$comm"'
+    observed = f"ncclwatch_busbw_observed_bytes_per_second{{{KEY}}}"
+    baseline = f"ncclwatch_busbw_baseline_bytes_per_second{{{KEY}}}"
+    rank_sel = 'cluster=~"$cluster", training_job=~"$job", comm=~"$comm"'
     dashed = {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}
     band = [
         {
@@ -338,7 +338,7 @@ def comm_dashboard() -> dict[str, Any]:
                     "{{size_bucket}} degraded below",
                 ),
             ),
-            unit="GBs",
+            unit="Bps",
             w=24,
             min_=0,
             overrides=band,
@@ -373,7 +373,7 @@ def comm_dashboard() -> dict[str, Any]:
             "ranks'. The rank everyone waits for arrives late and spends the least time in the "
             "kernel: a row that stays red (below 1) is a straggler; the others sit at about 1.",
             "datasource": DS,
-            "targets": [target(f"max by (rank) (ncclwatch_rank_relative_exec{{{rank_sel}}})", "{{rank}}")],
+            "targets": [target(f"max by (rank) (ncclwatch_rank_relative_exec_ratio{{{rank_sel}}})", "{{rank}}")],
             "fieldConfig": {
                 "defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False}}},
                 "overrides": [],
@@ -407,7 +407,7 @@ def comm_dashboard() -> dict[str, Any]:
             "datasource": DS,
             "targets": [
                 target(
-                    f"bottomk(8, min by (rank, node) (ncclwatch_rank_relative_exec{{{rank_sel}}}))",
+                    f"bottomk(8, min by (rank, node) (ncclwatch_rank_relative_exec_ratio{{{rank_sel}}}))",
                     "rank {{rank}} ({{node}})",
                     instant=True,
                 )
@@ -438,11 +438,11 @@ def comm_dashboard() -> dict[str, Any]:
         ),
         table(
             "Straggler's GPUs (DCGM exporter)",
-            # ncclwatch and Inspector call the host `node`; DCGM exporter calls it `Hostname`.
+            # DCGM exporter calls the host `Hostname`; ncclwatch's series carry it (beside
+            # Inspector's `node`), so the join needs no label_replace.
             target(
-                f'max by (node, rank) (ncclwatch_anomaly_active{{{ANOMALY}, type="straggler"}})'
-                ' * on (node) group_right (rank)'
-                ' label_replace(DCGM_FI_DEV_GPU_UTIL, "node", "$1", "Hostname", "(.+)")',
+                f'max by (Hostname, rank) (ncclwatch_anomaly_active{{{ANOMALY}, anomaly_type="straggler"}})'
+                ' * on (Hostname) group_right (rank) DCGM_FI_DEV_GPU_UTIL',
                 instant=True,
                 fmt="table",
             ),
@@ -452,7 +452,8 @@ def comm_dashboard() -> dict[str, Any]:
             w=24,
             h=6,
             unit="percent",
-            hide=("Time", "__name__", "instance", "cluster", "job", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"),
+            hide=("Time", "__name__", "instance", "cluster", "job", "training_job", "pci_bus_id",
+                  "DCGM_FI_DRIVER_VERSION"),
         ),
     ]
     return dashboard(
@@ -474,8 +475,8 @@ def pipeline_dashboard() -> dict[str, Any]:
             "Plugin drops / s",
             targets(
                 (
-                    srate("ncclwatch_plugin_dropped_total", JOB, "host, reason"),
-                    "{{host}} {{reason}}",
+                    srate("ncclwatch_plugin_dropped_total", JOB, "node, reason"),
+                    "{{node}} {{reason}}",
                 )
             ),
             unit="ops",
@@ -583,7 +584,7 @@ def pipeline_dashboard() -> dict[str, Any]:
     variables = [
         datasource_var(),
         query_var("cluster", "Cluster", "label_values(up, cluster)"),
-        query_var("job", "Job", 'label_values(ncclwatch_plugin_dropped_total{cluster=~"$cluster"}, job)'),
+        query_var("job", "Job", 'label_values(ncclwatch_plugin_dropped_total{cluster=~"$cluster"}, training_job)'),
     ]
     return dashboard(
         "ncclwatch-pipeline",

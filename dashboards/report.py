@@ -143,7 +143,7 @@ class BandMetrics(DetectorMetrics):
     against: the band the plots draw.
 
     The pipeline hands each window's observed and baseline bus bandwidth to its
-    observer (``key_window``, what ``ncclwatch_busbw_baseline_gbs`` shows live), so the
+    observer (``key_window``, what ``ncclwatch_busbw_baseline_bytes_per_second`` shows live), so the
     band is read where the detector published it, not from its internals.
     """
 

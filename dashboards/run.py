@@ -124,7 +124,7 @@ def top_keys(run: Run, job: str, n: int) -> list[Key]:
 def rank_matrix(run: Run, job: str, comm: str) -> tuple[list[int], list[int], list[list[float]]]:
     """Per-rank exec time over the other ranks' median, per window, for the comm's busiest key.
 
-    The quantity behind ``ncclwatch_rank_relative_exec``. The rank the others wait for
+    The quantity behind ``ncclwatch_rank_relative_exec_ratio``. The rank the others wait for
     arrives late and spends the least time in the kernel: a straggler stays below 1.
     """
     keys = [k for k in run.keys(job) if k[1] == comm]

@@ -4,32 +4,42 @@
 called back as records flow and keeps these metrics (alert rules and dashboards
 depend on the names):
 
-====================================  =========  ===============================================
-name                                  type       labels
-====================================  =========  ===============================================
-ncclwatch_busbw_observed_gbs          gauge      job, comm, op, size_bucket, transport
-ncclwatch_busbw_baseline_gbs          gauge      job, comm, op, size_bucket, transport
-ncclwatch_degradation_ratio           gauge      job, comm, op, size_bucket, transport (effect)
-ncclwatch_exec_seconds                histogram  job, op, transport (window median exec)
-ncclwatch_anomaly_active              gauge      job, type, comm, op, size_bucket, transport, rank, severity, node
-ncclwatch_anomalies_total             counter    job, type, severity
-ncclwatch_job_tflops_per_gpu          gauge      job
-ncclwatch_rank_relative_exec          gauge      job, comm, rank, node (straggler score)
-ncclwatch_detector_records_total      counter    kind
-ncclwatch_detector_lag_seconds        gauge      (wall clock - newest record time)
-ncclwatch_detector_input_live         gauge      (1 live input, 0 a replay: lag is its age)
-ncclwatch_detector_keys               gauge      (keys tracked)
-ncclwatch_build_info                  gauge      version, contract, component, python (always 1)
-process_*, python_info                (prometheus_client's process and platform collectors)
-====================================  =========  ===============================================
+============================================  =========  ===========================================
+name                                          type       labels
+============================================  =========  ===========================================
+ncclwatch_busbw_observed_bytes_per_second     gauge      training_job, comm, comm_name, op, size_bucket, transport
+ncclwatch_busbw_baseline_bytes_per_second     gauge      (same)
+ncclwatch_degradation_ratio                   gauge      (same) (effect: 1 - observed/baseline)
+ncclwatch_exec_seconds                        histogram  training_job, op, transport (window median exec)
+ncclwatch_anomaly_active                      gauge      training_job, anomaly_type, comm, comm_name, op, size_bucket,
+                                                         transport, rank, severity, node, Hostname
+ncclwatch_anomalies_total                     counter    training_job, anomaly_type, severity
+ncclwatch_job_flops_per_second_per_gpu        gauge      training_job
+ncclwatch_rank_relative_exec_ratio            gauge      training_job, comm, comm_name, rank, node, Hostname
+ncclwatch_detector_records_total              counter    kind
+ncclwatch_detector_lag_seconds                gauge      (wall clock - newest record time)
+ncclwatch_detector_input_live                 gauge      (1 live input, 0 a replay: lag is its age)
+ncclwatch_detector_keys                       gauge      (keys tracked)
+ncclwatch_build_info                          gauge      version, contract, component, python (always 1)
+process_*, python_info                        (prometheus_client's process and platform collectors)
+============================================  =========  ===========================================
+
+Names are in base units (bytes per second, seconds, FLOP/s, ratios); ``docs/metrics.md``
+maps them to NCCL Inspector's (``nccl_bus_bandwidth_gbs`` is GB/s, so
+``ncclwatch_busbw_observed_bytes_per_second / 1e9`` compares with it). The training job
+is ``training_job``, never ``job``: Prometheus owns ``job`` (the scrape job), and a
+target's ``job`` label would be renamed ``exported_job`` unless scraped with
+``honor_labels``.
 
 Cardinality is bounded: at most ``max_keys`` key series (the five-label busbw
 family) and ``max_keys`` rank series are kept; the least recently updated is evicted
 and its series removed. ``ncclwatch_anomaly_active`` series exist only while their
 anomaly fires (removed on resolve). A job the pipeline forgets loses all its series.
-Labels that an anomaly spans (``null`` in the event) are exported as ``""``. ``node`` is the
-host name the plugin saw (``gethostname``), the value DCGM exporter puts in ``Hostname``
-and Inspector in ``node``: a rank's or an anomaly's series joins theirs on it.
+Labels that an anomaly spans (``null`` in the event) are exported as ``""``. ``node`` and
+``Hostname`` are both the host name the plugin saw (``gethostname``): Inspector calls it
+``node`` and DCGM exporter ``Hostname``, so a rank's or an anomaly's series joins either
+one's with ``on (node)`` or ``on (Hostname)``, no ``label_replace``. ``comm_name`` is
+Inspector's label for the communicator's name (``""`` when NCCL has none).
 ``ncclwatch_anomalies_total`` counts an anomaly once, at its first firing event, with
 that event's severity.
 
@@ -55,10 +65,12 @@ from ncclwatch import build_info
 from ncclwatch.records import AnomalyEvent
 
 COUNTED_IDS = 100_000  # anomaly ids remembered so each is counted once
-KEY_LABELS = ("job", "comm", "op", "size_bucket", "transport")
+KEY_LABELS = ("training_job", "comm", "comm_name", "op", "size_bucket", "transport")
 # severity: the detector's, so Prometheus rules page exactly when the alert sink does
-ANOMALY_LABELS = ("job", "type", "comm", "op", "size_bucket", "transport", "rank", "severity", "node")
-RANK_LABELS = ("job", "comm", "rank", "node")
+ANOMALY_LABELS = ("training_job", "anomaly_type", "comm", "comm_name", "op", "size_bucket",
+                  "transport", "rank", "severity", "node", "Hostname")
+RANK_LABELS = ("training_job", "comm", "comm_name", "rank", "node", "Hostname")
+GBS = 1e9  # the records' GB/s (NCCL's and Inspector's unit) in bytes per second
 # 10 us .. ~100 s, factor ~3: NCCL ops span small-message latency to huge transfers.
 EXEC_BUCKETS = (
     1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0,
@@ -101,12 +113,12 @@ class DetectorMetrics:
         self.clock = clock
         r = self.registry
         self.busbw_observed = Gauge(
-            "ncclwatch_busbw_observed_gbs",
-            "Bus bandwidth of the key's latest window (median over ranks of busbw p50), GB/s",
+            "ncclwatch_busbw_observed_bytes_per_second",
+            "Bus bandwidth of the key's latest window (median over ranks of busbw p50), bytes/s",
             KEY_LABELS, registry=r)
         self.busbw_baseline = Gauge(
-            "ncclwatch_busbw_baseline_gbs",
-            "The key's learned (or cold-start) baseline bus bandwidth, GB/s",
+            "ncclwatch_busbw_baseline_bytes_per_second",
+            "The key's learned (or cold-start) baseline bus bandwidth, bytes/s",
             KEY_LABELS, registry=r)
         self.degradation = Gauge(
             "ncclwatch_degradation_ratio",
@@ -115,7 +127,7 @@ class DetectorMetrics:
         self.exec_seconds = Histogram(
             "ncclwatch_exec_seconds",
             "Median over ranks of the window's median op execution time, seconds",
-            ("job", "op", "transport"), buckets=EXEC_BUCKETS, registry=r)
+            ("training_job", "op", "transport"), buckets=EXEC_BUCKETS, registry=r)
         self.anomaly_active = Gauge(
             "ncclwatch_anomaly_active",
             "1 while an anomaly fires (series removed when it resolves)",
@@ -123,13 +135,13 @@ class DetectorMetrics:
         self.anomalies_total = Counter(
             "ncclwatch_anomalies_total",
             "Anomalies that fired, by their severity at first firing",
-            ("job", "type", "severity"), registry=r)
+            ("training_job", "anomaly_type", "severity"), registry=r)
         self.job_tflops = Gauge(
-            "ncclwatch_job_tflops_per_gpu",
-            "The job's TFLOP/s per GPU over its latest completed step",
-            ("job",), registry=r)
+            "ncclwatch_job_flops_per_second_per_gpu",
+            "The training job's FLOP/s per GPU over its latest completed step",
+            ("training_job",), registry=r)
         self.rank_relative = Gauge(
-            "ncclwatch_rank_relative_exec",
+            "ncclwatch_rank_relative_exec_ratio",
             "A rank's EW exec time over the median of the other ranks' (straggler when low)",
             RANK_LABELS, registry=r)
         self.records_total = Counter(
@@ -150,7 +162,7 @@ class DetectorMetrics:
         self._pipelines: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lag_override: float | None = None
         self._key_lru: OrderedDict[tuple[str, ...], tuple[Any, Any, Any]] = OrderedDict()
-        self._rank_lru: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
+        self._rank_lru: OrderedDict[tuple[str, ...], Any] = OrderedDict()
         self._rank_updated: dict[tuple[str, str], int] = {}
         self._exec_children: dict[tuple[str, str, str], Any] = {}
         self._record_children: dict[str, Any] = {}
@@ -220,7 +232,7 @@ class DetectorMetrics:
 
     def key_window(self, job: str, ks: Any, observed: float, baseline: float | None,
                    effect: float, exec_ns: int, end_ns: int) -> None:
-        labels = (job, ks.comm, ks.op, ks.size_bucket, ks.transport)
+        labels = (job, ks.comm, ks.comm_name, ks.op, ks.size_bucket, ks.transport)
         lru = self._key_lru
         children = lru.get(labels)
         if children is None:
@@ -235,9 +247,9 @@ class DetectorMetrics:
                     g.remove(*old)
         else:
             lru.move_to_end(labels)
-        children[0].set(observed)
+        children[0].set(observed * GBS)
         if baseline is not None:
-            children[1].set(baseline)
+            children[1].set(baseline * GBS)
         children[2].set(effect)
         ek = (job, ks.op, ks.transport)
         h = self._exec_children.get(ek)
@@ -250,10 +262,10 @@ class DetectorMetrics:
             self._rank_updated[ck] = end_ns
             hosts = ks.rank_host
             for rank, rel in ks.straggler.relative().items():
-                self._rank(job, ks.comm, str(rank), hosts.get(rank, "")).set(rel)
+                node = hosts.get(rank, "")
+                self._rank((job, ks.comm, ks.comm_name, str(rank), node, node)).set(rel)
 
-    def _rank(self, job: str, comm: str, rank: str, node: str) -> Any:
-        labels = (job, comm, rank, node)
+    def _rank(self, labels: tuple[str, str, str, str, str, str]) -> Any:
         lru = self._rank_lru
         child = lru.get(labels)
         if child is None:
@@ -266,7 +278,7 @@ class DetectorMetrics:
         return child
 
     def throughput(self, job: str, tflops: float) -> None:
-        self.job_tflops.labels(job).set(tflops)
+        self.job_tflops.labels(job).set(tflops * 1e12)
 
     def event(self, ev: AnomalyEvent) -> None:
         if ev.state == "firing":
@@ -286,10 +298,11 @@ class DetectorMetrics:
 
     def _fire(self, ev: AnomalyEvent, count: bool) -> None:
         k = ev.key or {}
+        node = ev.host or ""
         labels = (
-            ev.job, ev.type, k.get("comm") or "", k.get("op") or "", k.get("size_bucket") or "",
-            k.get("transport") or "", "" if ev.rank is None else str(ev.rank), ev.severity,
-            ev.host or "",
+            ev.job, ev.type, k.get("comm") or "", k.get("comm_name") or "", k.get("op") or "",
+            k.get("size_bucket") or "", k.get("transport") or "",
+            "" if ev.rank is None else str(ev.rank), ev.severity, node, node,
         )
         old = self._active.get(ev.id)
         if old != labels:
@@ -308,7 +321,7 @@ class DetectorMetrics:
         for metric in (self.busbw_observed, self.busbw_baseline, self.degradation,
                        self.exec_seconds, self.anomaly_active, self.anomalies_total,
                        self.job_tflops, self.rank_relative):
-            metric.remove_by_labels({"job": job})
+            metric.remove_by_labels({"training_job": job})
         for lru in (self._key_lru, self._rank_lru):
             for labels in [lb for lb in lru if lb[0] == job]:
                 del lru[labels]

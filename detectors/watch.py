@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ncclwatch.detectors.console import format_event
+from ncclwatch.detectors.metrics import GBS
 from ncclwatch.detectors.playback import EventsFile, Pacer, write_jsonl_atomic
 from ncclwatch.detectors.stream import STATE_VERSION, JobDetectors, TimeMerge
 from ncclwatch.ingest.live import LiveSources
@@ -251,14 +252,15 @@ class Watch:
         return lines
 
     def _key_bandwidths(self) -> dict[tuple, tuple[float, float | None]]:
-        """(observed, baseline) busbw per key, as the metrics last exported them."""
+        """(observed, baseline) busbw per key in GB/s, as the metrics last exported them."""
         observed: dict[tuple, float] = {}
         base: dict[tuple, float] = {}
         for metric, into in ((self.metrics.busbw_observed, observed), (self.metrics.busbw_baseline, base)):
             for family in metric.collect():
                 for sample in family.samples:
                     lb = sample.labels
-                    into[(lb["job"], lb["comm"], lb["op"], lb["size_bucket"], lb["transport"])] = sample.value
+                    key = (lb["training_job"], lb["comm"], lb["op"], lb["size_bucket"], lb["transport"])
+                    into[key] = sample.value / GBS
         return {k: (v, base.get(k)) for k, v in observed.items()}
 
     # -- state -------------------------------------------------------------------------

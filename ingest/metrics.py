@@ -9,7 +9,9 @@ from ncclwatch import build_info
 
 class ForwarderMetrics:
     """Counters and gauges of one forwarder; label values stay a small closed set
-    except ``ncclwatch_plugin_dropped_total``'s job and host, bounded by the node's jobs."""
+    except ``ncclwatch_plugin_dropped_total``'s training job and node, bounded by the node's
+    jobs. The training job is ``training_job`` and the host ``node`` (and ``Hostname``), as on
+    the detectors' metrics (``docs/metrics.md``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -30,7 +32,7 @@ class ForwarderMetrics:
                                "When Kafka last acknowledged a batch (Unix time)", registry=r)
         self.plugin_dropped = Counter("ncclwatch_plugin_dropped_total",
                                       "Ops the profiler plugin could not record",
-                                      ["job", "host", "reason"], registry=r)
+                                      ["training_job", "node", "Hostname", "reason"], registry=r)
         self.disk_errors = Counter("ncclwatch_forwarder_disk_write_errors_total",
                                    "Writes to the state directory that failed (and are retried)",
                                    ["where", "errno"], registry=r)
@@ -52,4 +54,4 @@ class ForwarderMetrics:
         last = self._drop_totals.get(key, 0)
         if total > last:
             self._drop_totals[key] = total
-            self.plugin_dropped.labels(job, host, reason).inc(total - last)
+            self.plugin_dropped.labels(job, host, host, reason).inc(total - last)

@@ -477,10 +477,10 @@ class WebhookReceiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def alerts(self, job: str) -> list[tuple[str, dict]]:
-        """(receiver path, alert) for every notified alert of one job, in arrival order."""
+        """(receiver path, alert) for every notified alert of one training job, in arrival order."""
         with self._cond:
             return [(path, a) for path, body in self.calls for a in body["alerts"]
-                    if a["labels"].get("job") == job]
+                    if a["labels"].get("training_job") == job]
 
     def wait(self, job: str, pred: Callable[[str, dict], bool], timeout_s: float = 20.0) -> dict:
         """The first notified alert of ``job`` matching ``pred(path, alert)``."""

@@ -185,7 +185,7 @@ def test_alert_labels_identify_the_anomaly_and_leave_out_what_it_spans():
                     "transport": None}, host=None, rank=7)
     a = alerts.alert_from_event(ev, alerts.AlertLinks(), {"cluster": "eu-1"})
     assert a["labels"] == {
-        "cluster": "eu-1", "alertname": "NcclCollectiveDegraded", "job": "llm-70b",
+        "cluster": "eu-1", "alertname": "NcclCollectiveDegraded", "training_job": "llm-70b",
         "severity": "warning", "anomaly_id": "an-1", "source": "ncclwatch",
         "op": "AllGather", "rank": "7",
     }
@@ -227,8 +227,8 @@ def test_dashboard_link_of_a_resolved_anomaly_ends_at_its_end():
 
 
 def test_static_labels_may_not_override_the_scheme():
-    with pytest.raises(ValueError, match="job"):
-        alerts.parse_static_labels("job=x")
+    with pytest.raises(ValueError, match="training_job"):
+        alerts.parse_static_labels("training_job=x")
     with pytest.raises(ValueError, match="not name=value"):
         alerts.parse_static_labels("bad-name=1")
 
@@ -360,7 +360,7 @@ def test_print_mode_prints_one_readable_line_per_change():
     sink.handle(resolved(ev, T0_NS + 10**9))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("ALERT firing critical NcclNetworkPathDegraded job=llm-70b")
+    assert lines[0].startswith("ALERT firing critical NcclNetworkPathDegraded training_job=llm-70b")
     assert "bus bandwidth down 25%" in lines[0]
     assert lines[1].startswith("ALERT resolved critical NcclNetworkPathDegraded")
 
@@ -413,7 +413,7 @@ def test_start_in_the_future_of_our_clock_is_clamped_so_the_resolution_is_valid(
 def test_a_lone_surrogate_in_a_job_name_does_not_break_delivery(am):
     sink = make_sink(am.url, Clock())
     sink.handle(event(job="bad\udcffname"))
-    assert len(am.alerts) == 1 and am.alerts[0]["labels"]["job"] == "bad?name"
+    assert len(am.alerts) == 1 and am.alerts[0]["labels"]["training_job"] == "bad?name"
 
 
 # --- outbox -------------------------------------------------------------------------------
@@ -533,13 +533,16 @@ PROMTOOL_TEST = """
 rule_files: [{rules}]
 evaluation_interval: 15s
 tests:
-  # scraped with honor_labels: true -> the training job is in `job`
+  # the training job is `training_job`; the scrape job and instance are aggregated away
+  # (two workers exporting one key during a rebalance make one alert)
   - interval: 15s
     input_series:
-      - series: 'ncclwatch_busbw_observed_gbs{{job="llm", comm="0xa", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
-        values: '40 40 40 30x10'
-      - series: 'ncclwatch_busbw_baseline_gbs{{job="llm", comm="0xa", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
-        values: '40x13'
+      - series: 'ncclwatch_busbw_observed_bytes_per_second{{job="ncclwatch-worker", training_job="llm", comm="0xa", comm_name="dp", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
+        values: '40e9 40e9 40e9 30e9x10'
+      - series: 'ncclwatch_busbw_observed_bytes_per_second{{job="ncclwatch-worker", training_job="llm", comm="0xa", comm_name="dp", op="AllReduce", size_bucket="64MiB", transport="net", instance="w2:9466"}}'
+        values: '_ _ _ 30e9x10'
+      - series: 'ncclwatch_busbw_baseline_bytes_per_second{{job="ncclwatch-worker", training_job="llm", comm="0xa", comm_name="dp", op="AllReduce", size_bucket="64MiB", transport="net", instance="w1:9466"}}'
+        values: '40e9x13'
     alert_rule_test:
       - eval_time: 30s
         alertname: NcclCollectiveDegraded
@@ -547,43 +550,42 @@ tests:
       - eval_time: 2m30s
         alertname: NcclCollectiveDegraded
         exp_alerts:
-          - exp_labels: {{job: llm, comm: "0xa", op: AllReduce, size_bucket: 64MiB, transport: net, severity: warning, source: prometheus}}
+          - exp_labels: {{training_job: llm, comm: "0xa", comm_name: dp, op: AllReduce, size_bucket: 64MiB, transport: net, severity: warning, source: prometheus}}
             exp_annotations:
               summary: "AllReduce 64MiB over net (comm 0xa) in job llm: bus bandwidth at 75% of baseline"
               description: "Observed bus bandwidth is 75% of its learned baseline for at least 1m (degraded below 90%)."
               runbook_url: "https://runbooks.example.com/ncclwatch/NcclCollectiveDegraded.md"
               dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&var-op=AllReduce&var-transport=net&from=now-1h&to=now"
-  # scraped without honor_labels -> `exported_job`, copied back into `job`; the straggler
-  # is the detector's verdict, not a threshold on the rank gauge (rank 4's low gauge alone
-  # pages nobody)
+  # the straggler is the detector's verdict, not a threshold on the rank gauge (rank 4's
+  # low gauge alone pages nobody)
   - interval: 15s
     input_series:
-      - series: 'ncclwatch_anomaly_active{{job="ncclwatch", exported_job="llm", type="straggler", comm="0xa", op="", size_bucket="", transport="", rank="3", severity="critical", node="gpu-node-7", instance="w1:9466"}}'
+      - series: 'ncclwatch_anomaly_active{{job="ncclwatch-worker", training_job="llm", anomaly_type="straggler", comm="0xa", comm_name="", op="", size_bucket="", transport="", rank="3", severity="critical", node="gpu-node-7", Hostname="gpu-node-7", instance="w1:9466"}}'
         values: '1x10'
-      - series: 'ncclwatch_rank_relative_exec{{job="ncclwatch", exported_job="llm", comm="0xa", rank="4", node="gpu-node-8", instance="w1:9466"}}'
+      - series: 'ncclwatch_rank_relative_exec_ratio{{job="ncclwatch-worker", training_job="llm", comm="0xa", comm_name="", rank="4", node="gpu-node-8", Hostname="gpu-node-8", instance="w1:9466"}}'
         values: '0.5x10'
     alert_rule_test:
       - eval_time: 1m
         alertname: NcclStragglerRank
         exp_alerts:
-          - exp_labels: {{job: llm, type: straggler, comm: "0xa", rank: "3", node: gpu-node-7, severity: critical, source: prometheus}}
+          - exp_labels: {{training_job: llm, anomaly_type: straggler, comm: "0xa", rank: "3", node: gpu-node-7, Hostname: gpu-node-7, severity: critical, source: prometheus}}
             exp_annotations:
               summary: "Straggler: rank 3 (node gpu-node-7) of comm 0xa in job llm keeps the other ranks waiting"
-              description: "The ncclwatch detector names this rank as the one the others wait for at every collective of its communicator (ncclwatch:rank_relative_exec shows by how much)."
+              description: "The ncclwatch detector names this rank as the one the others wait for at every collective of its communicator (ncclwatch:rank_relative_exec_ratio shows by how much)."
               runbook_url: "https://runbooks.example.com/ncclwatch/NcclStragglerRank.md"
               dashboard_url: "https://grafana.example.com/d/ncclwatch-comm?var-job=llm&var-comm=0xa&from=now-1h&to=now"
   # the attributed alerts carry the detector's severity: the same page as the alert sink
   - interval: 15s
     input_series:
-      - series: 'ncclwatch_anomaly_active{{job="llm", type="network_path", comm="", op="AllReduce", size_bucket="64MiB", transport="net", rank="", severity="critical", instance="w1:9466"}}'
+      - series: 'ncclwatch_anomaly_active{{job="ncclwatch-worker", training_job="llm", anomaly_type="network_path", comm="", comm_name="", op="AllReduce", size_bucket="64MiB", transport="net", rank="", severity="critical", node="", Hostname="", instance="w1:9466"}}'
         values: '1x4'
-      - series: 'ncclwatch_anomaly_active{{job="llm2", type="intra_node", comm="0xb", op="AllGather", size_bucket="16MiB", transport="nvlink", rank="", severity="warning", instance="w1:9466"}}'
+      - series: 'ncclwatch_anomaly_active{{job="ncclwatch-worker", training_job="llm2", anomaly_type="intra_node", comm="0xb", comm_name="tp", op="AllGather", size_bucket="16MiB", transport="nvlink", rank="", severity="warning", node="n3", Hostname="n3", instance="w1:9466"}}'
         values: '1x4'
     alert_rule_test:
       - eval_time: 30s
         alertname: NcclNetworkPathDegraded
         exp_alerts:
-          - exp_labels: {{job: llm, type: network_path, op: AllReduce, size_bucket: 64MiB, transport: net, severity: critical, source: prometheus}}
+          - exp_labels: {{training_job: llm, anomaly_type: network_path, op: AllReduce, size_bucket: 64MiB, transport: net, severity: critical, source: prometheus}}
             exp_annotations:
               summary: "Network path degraded in job llm: AllReduce 64MiB over net (comm )"
               description: "The ncclwatch detector attributes a sustained bus bandwidth loss to the network path (only ranks whose traffic crosses the network are slow)."
@@ -592,7 +594,7 @@ tests:
       - eval_time: 30s
         alertname: NcclIntraNodeDegraded
         exp_alerts:
-          - exp_labels: {{job: llm2, type: intra_node, comm: "0xb", op: AllGather, size_bucket: 16MiB, transport: nvlink, severity: warning, source: prometheus}}
+          - exp_labels: {{training_job: llm2, anomaly_type: intra_node, comm: "0xb", comm_name: tp, op: AllGather, size_bucket: 16MiB, transport: nvlink, node: n3, Hostname: n3, severity: warning, source: prometheus}}
             exp_annotations:
               summary: "Intra-node (NVLink/PCIe) degradation in job llm2: AllGather 16MiB (comm 0xb)"
               description: "The ncclwatch detector attributes a sustained bus bandwidth loss to communication inside a node."
@@ -627,7 +629,7 @@ tests:
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: prometheus)")
-def test_rules_fire_on_synthetic_series_with_and_without_honor_labels(tmp_path):
+def test_rules_fire_on_synthetic_series_labelled_as_scraped(tmp_path):
     rules = tmp_path / "ncclwatch.rules.yml"
     rules.write_text(prom_rules.render(LINKS))
     test_file = tmp_path / "rules_test.yml"

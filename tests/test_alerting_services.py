@@ -140,9 +140,9 @@ def test_anomaly_firing_then_resolved_reaches_on_call_with_labels_and_annotation
     got = webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
     assert got["path"] == "/page"  # critical pages
     assert got["labels"] == {
-        "alertname": "NcclNetworkPathDegraded", "job": job, "severity": "critical",
+        "alertname": "NcclNetworkPathDegraded", "training_job": job, "severity": "critical",
         "anomaly_id": ev.id, "source": "ncclwatch", "comm": "0x00000000000000ab",
-        "op": "AllReduce", "size_bucket": "64MiB", "transport": "net", "host": "node-3",
+        "op": "AllReduce", "size_bucket": "64MiB", "transport": "net", "node": "node-3",
     }
     ann = got["annotations"]
     assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
@@ -164,7 +164,7 @@ def test_warning_tickets_info_goes_nowhere_and_telemetry_loss_has_its_own_route(
     sink.handle(anomaly(job, type="telemetry_loss", severity="critical", attribution="telemetry"))
     assert webhook.wait(job, is_firing("NcclCollectiveDegraded"), timeout_s=60)["path"] == "/ticket"
     assert webhook.wait(job, is_firing("NcclTelemetryLoss"), timeout_s=60)["path"] == "/telemetry"
-    held = AlertmanagerClient(am).get_alerts(job=job, alertname="NcclStragglerRank")
+    held = AlertmanagerClient(am).get_alerts(training_job=job, alertname="NcclStragglerRank")
     assert [r["name"] for r in held[0]["receivers"]] == ["ncclwatch-null"]
     assert "NcclStragglerRank" not in {a["labels"]["alertname"] for _, a in webhook.alerts(job)}
 
@@ -178,7 +178,7 @@ def test_network_path_alert_inhibits_collective_degraded_of_the_same_job_only(am
     sink.handle(anomaly(other, type="collective_degraded", severity="warning"))
     webhook.wait(other, is_firing("NcclCollectiveDegraded"))  # other job: not inhibited
     client = AlertmanagerClient(am)
-    target = client.get_alerts(job=job, alertname="NcclCollectiveDegraded")[0]
+    target = client.get_alerts(training_job=job, alertname="NcclCollectiveDegraded")[0]
     assert target["status"]["state"] == "suppressed" and target["status"]["inhibitedBy"]
     time.sleep(3)  # three group intervals: an uninhibited alert would have been notified
     names = [a["labels"]["alertname"] for _, a in webhook.alerts(job)]
@@ -191,10 +191,10 @@ def test_sink_alert_inhibits_the_duplicate_from_prometheus_rules(am, webhook):
     webhook.wait(job, is_firing("NcclStragglerRank"))
     # what the Prometheus rule would send for the same straggler
     AlertmanagerClient(am).post_alerts([{"labels": {
-        "alertname": "NcclStragglerRank", "job": job, "comm": "0x00000000000000ab", "rank": "2",
+        "alertname": "NcclStragglerRank", "training_job": job, "comm": "0x00000000000000ab", "rank": "2",
         "severity": "warning", "source": "prometheus"}}])
     time.sleep(0.5)
-    rule_alert = AlertmanagerClient(am).get_alerts(job=job, source="prometheus")[0]
+    rule_alert = AlertmanagerClient(am).get_alerts(training_job=job, source="prometheus")[0]
     assert rule_alert["status"]["state"] == "suppressed"
 
 
@@ -220,7 +220,7 @@ def test_an_invalid_outbox_entry_is_rejected_by_alertmanager_and_does_not_block_
     assert sink.stats()["rejected"] == 1 and sink.pending() == 0
     webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
     with pytest.raises(AlertmanagerRejected, match="start time must be before end time"):
-        AlertmanagerClient(am).post_alerts([{"labels": {"alertname": "X", "job": job},
+        AlertmanagerClient(am).post_alerts([{"labels": {"alertname": "X", "training_job": job},
                                              "startsAt": "2030-01-01T00:00:00Z",
                                              "endsAt": "2020-01-01T00:00:00Z"}])
 
@@ -306,6 +306,7 @@ class DetectorRun:
 
     NET = "0x00000000000000a1"
     STRAGGLE = "0x00000000000000a2"
+    NAMES = {NET: "dp", STRAGGLE: "tp"}
 
     def __init__(self, job: str, live: bool = False):
 
@@ -319,7 +320,7 @@ class DetectorRun:
     def _window(self, t: int, comm: str, op: str, size_bucket: str, transport: str, rank: int,
                 nranks: int, busbw: float, exec_scale: float = 1.0) -> WindowSummary:
         return WindowSummary(
-            job=self.job, host=f"node-{rank}", comm=comm, comm_name="", op=op,
+            job=self.job, host=f"node-{rank}", comm=comm, comm_name=self.NAMES[comm], op=op,
             size_bucket=size_bucket, transport=transport, rank=rank, nranks=nranks,
             start_ns=(self.t0_s + t) * 10**9, end_ns=(self.t0_s + t + 1) * 10**9, count=10,
             bytes=10 << 26, exec_ns_min=1, exec_ns_p50=int(exec_scale * 67e6 / busbw),
@@ -411,8 +412,7 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
         testing.reload(prometheus_url)
         stuck.plugin_drops(job, "node-3", 4242, "ring_full", 1)
         testing.wait_prometheus(
-            prometheus_url, f'ncclwatch_job_tflops_per_gpu{{exported_job="{job}"}} '
-            f'or ncclwatch_job_tflops_per_gpu{{job="{job}"}}', timeout=20)
+            prometheus_url, f'ncclwatch_job_flops_per_second_per_gpu{{training_job="{job}"}}', timeout=20)
         time.sleep(3)  # a few scrapes of the healthy state before the degradation
         stuck.plugin_drops(job, "node-3", 4242, "ring_full", 6)  # increase() > 0
         detector.feed(range(20, 40))  # the network degrades, rank 3 straggles, throughput falls
@@ -435,7 +435,7 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
             firing = [
                 a for a in prom_alerts(prometheus_url)
                 if a["state"] == "firing"
-                and (a["labels"].get("job") == job
+                and (a["labels"].get("training_job") == job
                      or a["labels"].get("instance") in (target, stuck_target, idle_target, live_target,
                                                        down_target))
             ]
@@ -454,8 +454,8 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
                 seen.add((lab["alertname"], detail))
             time.sleep(0.5)
         assert want <= seen, f"missing {want - seen}; firing: {firing}"
-        # The healthy key and rank do not fire, and the training job is in `job` although
-        # this Prometheus scrapes without honor_labels (the metric's job is exported_job).
+        # The healthy key and rank do not fire, and the training job is in `training_job`
+        # (this Prometheus scrapes without honor_labels: nothing collides, nothing renamed).
         assert ("NcclCollectiveDegraded", "AllGather") not in seen
         assert not {("NcclStragglerRank", r) for r in "012"} & seen
         # The detector's verdict names the rank's node, which the alert carries.
@@ -469,7 +469,8 @@ def test_rules_pass_promtool_and_fire_on_scraped_detector_metrics(services, prom
         for a in firing:
             lab = a["labels"]
             if lab["alertname"] != "NcclTelemetryLoss" or lab["cause"] == "plugin_drops":
-                assert lab["job"] == job and "exported_job" not in lab
+                assert lab["training_job"] == job and "exported_job" not in lab
+                assert "job" not in lab  # the scrape job is aggregated away, as `instance`
             assert lab["source"] == "prometheus"
     finally:
         for t in (target, stuck_target, idle_target, live_target, down_target):
@@ -526,13 +527,13 @@ def test_alert_raised_during_an_alertmanager_outage_and_a_pending_resolution_sur
     webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
 
 
-def test_ncclwatch_series_join_dcgm_and_inspector_series_on_node_in_prometheus(services, prometheus_url):
+def test_ncclwatch_series_join_dcgm_and_inspector_series_as_they_are_in_prometheus(services, prometheus_url):
     """The straggler's node, as the detector names it, joins what the cluster already has.
 
-    NCCL Inspector labels its series with ``node`` (the host name), as ncclwatch does, so
-    they join with ``on (node)`` as they are. DCGM exporter calls the same value
-    ``Hostname``: one ``label_replace`` in the query (the dashboard's "Straggler's GPUs
-    (DCGM)" panel) joins it, without any relabelling at scrape time.
+    ncclwatch's rank and anomaly series carry the host under both names the cluster's
+    exporters use: ``Hostname`` (DCGM exporter) and ``node`` (NCCL Inspector), and the
+    communicator's name as Inspector's ``comm_name``. Every join below is on labels as
+    scraped: no ``label_replace``, no relabelling.
     """
     from prometheus_client import CollectorRegistry, Gauge
 
@@ -556,6 +557,7 @@ def test_ncclwatch_series_join_dcgm_and_inspector_series_on_node_in_prometheus(s
                   registry=others)
     busbw.labels(job, node, "GPU3", "tp", "AllReduce", "8-16MB").set(71.5)
     busbw.labels(job, "node-0", "GPU0", "tp", "AllReduce", "8-16MB").set(160.0)
+    busbw.labels(job, "node-0", "GPU0", "dp", "AllReduce", "32-64MB").set(28.0)
 
     servers = [start_http_server(0, addr="127.0.0.1", registry=r)[0]
                for r in (detector.registry, others)]
@@ -568,21 +570,29 @@ def test_ncclwatch_series_join_dcgm_and_inspector_series_on_node_in_prometheus(s
         mine, theirs = (f'instance="{a}"' for a in addrs)
         testing.wait_prometheus(prometheus_url, f"ncclwatch_anomaly_active{{{mine}}}", timeout=20)
         testing.wait_prometheus(prometheus_url, f"nccl_bus_bandwidth_gbs{{{theirs}}}", timeout=20)
-        # The straggling rank's GPUs, from DCGM: joined on the node the detector names.
+        # The straggling rank's GPUs, from DCGM: joined on the host the detector names.
         rows = testing.prometheus_query(
             prometheus_url,
-            f'max by (node, rank) (ncclwatch_anomaly_active{{{mine}, type="straggler"}})'
-            f' * on (node) group_right (rank)'
-            f' label_replace(DCGM_FI_DEV_GPU_UTIL{{{theirs}}}, "node", "$1", "Hostname", "(.+)")')
-        got = sorted((r["metric"]["node"], r["metric"]["rank"], r["metric"]["gpu"], float(r["value"][1]))
+            f'max by (Hostname, rank) (ncclwatch_anomaly_active{{{mine}, anomaly_type="straggler"}})'
+            f' * on (Hostname) group_right (rank) DCGM_FI_DEV_GPU_UTIL{{{theirs}}}')
+        got = sorted((r["metric"]["Hostname"], r["metric"]["rank"], r["metric"]["gpu"], float(r["value"][1]))
                      for r in rows)
         assert got == [(node, "3", "0", 30.0), (node, "3", "1", 31.0)], rows
-        # Inspector's own series join as they are, on node: its bandwidth on that node.
+        # Inspector's own series join as they are, on node and comm_name: its bandwidth for
+        # the straggler's communicator on that node.
         rows = testing.prometheus_query(
             prometheus_url,
-            f"max by (node) (nccl_bus_bandwidth_gbs{{{theirs}}})"
-            f' and on (node) ncclwatch_rank_relative_exec{{{mine}, rank="3"}}')
-        assert [(r["metric"]["node"], float(r["value"][1])) for r in rows] == [(node, 71.5)], rows
+            f"max by (node, comm_name) (nccl_bus_bandwidth_gbs{{{theirs}}})"
+            f' and on (node, comm_name) ncclwatch_rank_relative_exec_ratio{{{mine}, rank="3"}}')
+        assert [(r["metric"]["node"], r["metric"]["comm_name"], float(r["value"][1])) for r in rows] \
+            == [(node, "tp", 71.5)], rows
+        # Same communicator, same quantity: ncclwatch's bytes/s over 1e9 is Inspector's GB/s
+        # (docs/metrics.md), joined on comm_name.
+        rows = testing.prometheus_query(
+            prometheus_url,
+            f'max by (comm_name) (ncclwatch_busbw_observed_bytes_per_second{{{mine}, size_bucket="64MiB"}}) / 1e9'
+            f' / on (comm_name) min by (comm_name) (nccl_bus_bandwidth_gbs{{{theirs}, message_size="32-64MB"}})')
+        assert [(r["metric"]["comm_name"], round(float(r["value"][1]), 3)) for r in rows] == [("dp", 1.0)], rows
     finally:
         for t in addrs:
             targets.remove(t)

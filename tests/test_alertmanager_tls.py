@@ -118,8 +118,8 @@ def secure_am(tmp_path_factory) -> Iterator[SecureAM]:
 def test_alerts_reach_alertmanager_over_mutual_tls_with_basic_auth(secure_am):
     job = testing.unique_name("job")
     client = AlertmanagerClient.from_config(secure_am.cfg())
-    client.post_alerts([{"labels": {"alertname": "NcclwatchTestAlert", "job": job}}])
-    assert [a["labels"]["job"] for a in client.get_alerts(job=job)] == [job]
+    client.post_alerts([{"labels": {"alertname": "NcclwatchTestAlert", "training_job": job}}])
+    assert [a["labels"]["training_job"] for a in client.get_alerts(training_job=job)] == [job]
 
 
 def test_a_wrong_password_is_refused_and_not_repeated_in_the_error(secure_am):
@@ -160,7 +160,7 @@ def test_the_sink_built_from_config_uses_the_tls_and_auth_settings(secure_am):
         "throughput_delta": None, "severity": "critical", "evidence": {},
     }))
     assert sink.pending() == 0, sink.stats()
-    held = AlertmanagerClient.from_config(secure_am.cfg()).get_alerts(job=job)
+    held = AlertmanagerClient.from_config(secure_am.cfg()).get_alerts(training_job=job)
     assert held and held[0]["labels"]["alertname"] == "NcclNetworkPathDegraded"
 
 

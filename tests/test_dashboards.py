@@ -41,14 +41,14 @@ UIDS = {"ncclwatch-job", "ncclwatch-comm", "ncclwatch-pipeline"}
 
 # The metric names the components export (the brief's list): each must appear on a dashboard.
 DETECTOR_METRICS = [
-    "ncclwatch_busbw_observed_gbs",
-    "ncclwatch_busbw_baseline_gbs",
+    "ncclwatch_busbw_observed_bytes_per_second",
+    "ncclwatch_busbw_baseline_bytes_per_second",
     "ncclwatch_degradation_ratio",
     "ncclwatch_exec_seconds_bucket",
     "ncclwatch_anomaly_active",
     "ncclwatch_anomalies_total",
-    "ncclwatch_job_tflops_per_gpu",
-    "ncclwatch_rank_relative_exec",
+    "ncclwatch_job_flops_per_second_per_gpu",
+    "ncclwatch_rank_relative_exec_ratio",
     "ncclwatch_detector_records_total",
     "ncclwatch_detector_lag_seconds",
     "ncclwatch_detector_keys",
@@ -190,7 +190,7 @@ def test_the_job_overview_keeps_its_series_bounded(dashboards):
     """Per-key metrics are aggregated by a few bounded labels, never by rank or comm."""
     dash = dashboards["ncclwatch-job"]
     per_key = (
-        "ncclwatch_busbw_observed_gbs",
+        "ncclwatch_busbw_observed_bytes_per_second",
         "ncclwatch_degradation_ratio",
         "nccl_bus_bandwidth_gbs",
     )
@@ -201,7 +201,7 @@ def test_the_job_overview_keeps_its_series_bounded(dashboards):
             m = re.match(r"^(avg|min|max|sum) ?(by \(([^)]*)\) )?\(", t["expr"])
             assert m, t["expr"]
             labels = {x.strip() for x in (m.group(3) or "").split(",")}
-            assert not labels & {"rank", "comm", "host", "gpu", "node"}, t["expr"]
+            assert not labels & {"rank", "comm", "comm_name", "host", "gpu", "node", "Hostname"}, t["expr"]
     assert checked >= 6
 
 
@@ -217,14 +217,14 @@ def test_the_panels_the_design_asks_for_are_there(dashboards):
     nvlink = titles["NVLink-only communicators"]["targets"][0]["expr"]
     network = titles["Network / mixed communicators"]["targets"][0]["expr"]
     assert 'transport="nvlink"' in nvlink and 'transport=~"mixed|net"' in network
-    assert any("ncclwatch_job_tflops_per_gpu" in t["expr"] for t in titles["Job throughput"]["targets"])
+    assert any("ncclwatch_job_flops_per_second_per_gpu" in t["expr"] for t in titles["Job throughput"]["targets"])
     anno = [a for a in job["annotations"]["list"] if a.get("expr")]
     assert anno and anno[0]["expr"].startswith("ncclwatch_anomaly_active{")
     comm_exprs = [t["expr"] for t in panel_queries(comm)]
     assert any(e.startswith("histogram_quantile(0.95,") and "ncclwatch_exec_seconds_bucket" in e for e in comm_exprs)
     heatmaps = [p for p in iter_panels(comm["panels"]) if p["type"] == "heatmap"]
-    assert heatmaps and "ncclwatch_rank_relative_exec" in heatmaps[0]["targets"][0]["expr"]
-    assert any("ncclwatch_busbw_baseline_gbs" in e and "$threshold" in e for e in comm_exprs)
+    assert heatmaps and "ncclwatch_rank_relative_exec_ratio" in heatmaps[0]["targets"][0]["expr"]
+    assert any("ncclwatch_busbw_baseline_bytes_per_second" in e and "$threshold" in e for e in comm_exprs)
     pipe_titles = {p["title"] for p in iter_panels(pipe["panels"])}
     assert {
         "Plugin drops / s",
@@ -398,11 +398,9 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
         for name, p in procs.items():
             assert p.poll() is None, f"{name} exited: {(tmp / f'{name}.log').read_text()[-3000:]}"
         end_s = time.time()
-        tflops = testing.prometheus_query(prometheus_url, f'ncclwatch_job_tflops_per_gpu{{instance="{instances[0]}"}}')
-        honored = bool(tflops) and tflops[0]["metric"].get("job") == job
         yield {
             "job": job, "cluster": cluster, "labels": labels, "start_s": start_s, "end_s": end_s,
-            "honor_labels": honored, "logs": {n: tmp / f"{n}.log" for n in logs},
+            "logs": {n: tmp / f"{n}.log" for n in logs},
         }  # fmt: skip
     finally:
         for p in procs.values():
@@ -424,12 +422,10 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
 def run_values(live: dict) -> dict[str, str]:
     """Variable values that select this run's series and nothing else's.
 
-    `cluster` is the label this run's scrape targets carry. The test services'
-    Prometheus scrapes ncclwatch without ``honor_labels`` (the production config,
-    dashboards/prometheus.yml, uses it): there the training job lands in
-    ``exported_job`` and `job` is the scrape job, so `job` stays "All".
+    `cluster` is the label this run's scrape targets carry; `job` (the dashboards'
+    variable) selects the ``training_job`` label, which no scrape config renames.
     """
-    return {"cluster": live["cluster"], **({"job": live["job"]} if live["honor_labels"] else {})}
+    return {"cluster": live["cluster"], "job": live["job"]}
 
 
 def failures(results: list[check.Result]) -> list[str]:
@@ -493,10 +489,7 @@ def test_template_variables_list_the_runs_clusters_communicators_ops_and_transpo
         return set(label_values(prometheus_url, q, live["start_s"], live["end_s"]))
 
     assert live["cluster"] in values_of("cluster")
-    if live["honor_labels"]:
-        assert live["job"] in values_of("job")
-    else:
-        assert "ncclwatch" in values_of("job")  # the scrape job: see run_values()
+    assert values_of("job") == {live["job"]}  # the training job, not the scrape job
     assert values_of("comm") == DEMO_COMMS
     assert values_of("op", comm="0x00000000000000c0") == {"AllGather"}
     assert values_of("op") == {"AllReduce", "AllGather"}
@@ -512,14 +505,14 @@ def test_the_injected_faults_show_on_the_dashboards_while_they_last(live, promet
     net_from, net_to = (t0 + s / SPEED for s in NETWORK_S)
     sel = f'cluster="{live["cluster"]}"'
     active = check.query_range(
-        prometheus_url, f'ncclwatch_anomaly_active{{{sel}, type="network_path"}} > 0', t0, live["end_s"], 1
+        prometheus_url, f'ncclwatch_anomaly_active{{{sel}, anomaly_type="network_path"}} > 0', t0, live["end_s"], 1
     )
     assert active, "no network_path anomaly was active during the run"
     times = [float(t) for series in active for t, _ in series["values"]]
     assert min(times) <= net_to and max(times) >= net_from
     rel = check.query_range(
         prometheus_url,
-        f'min by (rank) (ncclwatch_rank_relative_exec{{{sel}, comm="0x00000000000000c0"}})',
+        f'min by (rank) (ncclwatch_rank_relative_exec_ratio{{{sel}, comm="0x00000000000000c0"}})',
         t0,
         live["end_s"],
         1,

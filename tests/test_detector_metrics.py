@@ -14,14 +14,14 @@ from ncclwatch.records import AnomalyEvent, WindowSummary
 
 S = 10**9
 NAMES = [
-    "ncclwatch_busbw_observed_gbs",
-    "ncclwatch_busbw_baseline_gbs",
+    "ncclwatch_busbw_observed_bytes_per_second",
+    "ncclwatch_busbw_baseline_bytes_per_second",
     "ncclwatch_degradation_ratio",
     "ncclwatch_exec_seconds",
     "ncclwatch_anomaly_active",
     "ncclwatch_anomalies_total",
-    "ncclwatch_job_tflops_per_gpu",
-    "ncclwatch_rank_relative_exec",
+    "ncclwatch_job_flops_per_second_per_gpu",
+    "ncclwatch_rank_relative_exec_ratio",
     "ncclwatch_detector_records_total",
     "ncclwatch_detector_lag_seconds",
     "ncclwatch_detector_keys",
@@ -52,24 +52,29 @@ def test_every_documented_metric_is_exported_with_its_labels():
     for name in NAMES:
         assert f"# TYPE {name} " in text, name
     job = "sim-throughput_with_comm_2x8"
-    comm = scenarios.communicators(scenarios.by_name("throughput_with_comm_2x8"))[0].hash
-    key = dict(job=job, comm=comm, op="AllReduce", size_bucket="64MiB", transport="mixed")
-    observed = sample(reg, "ncclwatch_busbw_observed_gbs", **key)
-    baseline = sample(reg, "ncclwatch_busbw_baseline_gbs", **key)
+    comm_info = scenarios.communicators(scenarios.by_name("throughput_with_comm_2x8"))[0]
+    comm, comm_name = comm_info.hash, comm_info.name
+    key = dict(training_job=job, comm=comm, comm_name=comm_name, op="AllReduce", size_bucket="64MiB", transport="mixed")
+    observed = sample(reg, "ncclwatch_busbw_observed_bytes_per_second", **key)
+    baseline = sample(reg, "ncclwatch_busbw_baseline_bytes_per_second", **key)
     ratio = sample(reg, "ncclwatch_degradation_ratio", **key)
     assert 0.3 < ratio < 0.5 and abs(ratio - (1 - observed / baseline)) < 1e-9
+    # base units: bytes per second, the records' GB/s times 1e9
+    assert 1e9 < observed < 1e12  # a 64 MiB AllReduce moves GB/s: base units, not GB/s
     (ev,) = events
-    assert sample(reg, "ncclwatch_anomaly_active", job=job, type="network_path", comm=comm,
-                  op="AllReduce", size_bucket="64MiB", transport="mixed", rank="",
-                  severity=ev.severity, node="") == 1.0  # a network path spans nodes
-    assert sample(reg, "ncclwatch_anomalies_total", job=job, type="network_path",
+    assert sample(reg, "ncclwatch_anomaly_active", training_job=job, anomaly_type="network_path",
+                  comm=comm, comm_name=comm_name, op="AllReduce", size_bucket="64MiB",
+                  transport="mixed", rank="", severity=ev.severity, node="",
+                  Hostname="") == 1.0  # a network path spans nodes
+    assert sample(reg, "ncclwatch_anomalies_total", training_job=job, anomaly_type="network_path",
                   severity=ev.severity) == 1.0
-    assert sample(reg, "ncclwatch_job_tflops_per_gpu", job=job) > 200
-    assert sample(reg, "ncclwatch_exec_seconds_count", job=job, op="AllReduce",
+    assert sample(reg, "ncclwatch_job_flops_per_second_per_gpu", training_job=job) > 200e12
+    assert sample(reg, "ncclwatch_exec_seconds_count", training_job=job, op="AllReduce",
                   transport="mixed") > 0
-    # node: the rank's host, as DCGM's Hostname and Inspector's node carry it (2 x 8 GPUs)
-    assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec", job=job, comm=comm, rank="11",
-                        node=scenarios.host_name(1)) < 1.5
+    # node and Hostname: the rank's host, under Inspector's and DCGM's names (2 x 8 GPUs)
+    host = scenarios.host_name(1)
+    assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec_ratio", training_job=job, comm=comm,
+                        comm_name=comm_name, rank="11", node=host, Hostname=host) < 1.5
     assert sample(reg, "ncclwatch_detector_records_total", kind="window") > 1000
     assert sample(reg, "ncclwatch_detector_keys") == p.key_count() == 14
     assert sample(reg, "ncclwatch_detector_lag_seconds") > 0  # replayed past data lags
@@ -80,8 +85,8 @@ def test_anomaly_series_are_removed_when_the_anomaly_resolves():
     _, _, events = run("network_step30_2x2", reg)
     assert [e.state for e in events] == ["firing", "resolved"]
     assert "ncclwatch_anomaly_active{" not in generate_latest(reg).decode()
-    assert sample(reg, "ncclwatch_anomalies_total", job="sim-network_step30_2x2",
-                  type="network_path", severity="critical") == 1.0
+    assert sample(reg, "ncclwatch_anomalies_total", training_job="sim-network_step30_2x2",
+                  anomaly_type="network_path", severity="critical") == 1.0
 
 
 def test_key_series_are_bounded_by_max_keys_evicting_the_least_recently_updated():
@@ -89,9 +94,9 @@ def test_key_series_are_bounded_by_max_keys_evicting_the_least_recently_updated(
     p, m, _ = run("steady_2x8", reg, stop_s=20, max_keys=5)
     assert p.key_count() == 14 and m.key_series == 5
     text = generate_latest(reg).decode()
-    assert text.count("ncclwatch_busbw_observed_gbs{") == 5
+    assert text.count("ncclwatch_busbw_observed_bytes_per_second{") == 5
     assert text.count("ncclwatch_degradation_ratio{") == 5
-    assert text.count("ncclwatch_rank_relative_exec{") == 5
+    assert text.count("ncclwatch_rank_relative_exec_ratio{") == 5
 
 
 def test_registry_is_private_unless_given():
@@ -124,8 +129,8 @@ def test_observe_binds_on_first_use_and_counts_each_record_and_anomaly_once():
         m.worker_batch(type("Out", (), {"events": events})(), lag_s=1.5)
     windows = sum(1 for r in records if r.KIND == "window")
     assert sample(reg, "ncclwatch_detector_records_total", kind="window") == windows
-    assert sample(reg, "ncclwatch_anomalies_total", job="sim-network_step30_2x2",
-                  type="network_path", severity="critical") == 1.0
+    assert sample(reg, "ncclwatch_anomalies_total", training_job="sim-network_step30_2x2",
+                  anomaly_type="network_path", severity="critical") == 1.0
     assert sample(reg, "ncclwatch_detector_lag_seconds") == 1.5
 
 
@@ -143,23 +148,23 @@ def test_two_open_anomalies_sharing_a_series_keep_it_until_both_resolve():
                             attribution="telemetry", throughput_delta=None, severity="warning",
                             evidence={})
 
-    labels = dict(job="j", type="telemetry_loss", comm="", op="", size_bucket="",
-                  transport="", rank="", severity="warning")
+    labels = dict(training_job="j", anomaly_type="telemetry_loss", comm="", comm_name="", op="",
+                  size_bucket="", transport="", rank="", severity="warning")
     # Each names its node: two series, each removed with its own anomaly.
     m.event(ev(1, "firing"))
     m.event(ev(2, "firing"))
     m.event(ev(1, "resolved"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h1"}) is None
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2"}) == 1.0
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h1", "Hostname": "h1"}) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2", "Hostname": "h2"}) == 1.0
     m.event(ev(2, "resolved"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2"}) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h2", "Hostname": "h2"}) is None
     # Two anomalies on one series (same node): it stays until the last one resolves.
     m.event(ev(3, "firing"))
     m.event(dataclasses.replace(ev(4, "firing"), host="h3"))
     m.event(ev(3, "resolved"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3"}) == 1.0
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3", "Hostname": "h3"}) == 1.0
     m.event(dataclasses.replace(ev(4, "resolved"), host="h3"))
-    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3"}) is None
+    assert m.registry.get_sample_value("ncclwatch_anomaly_active", {**labels, "node": "h3", "Hostname": "h3"}) is None
 
 
 def test_window_with_unusual_label_values_is_exported_escaped():
@@ -174,7 +179,7 @@ def test_window_with_unusual_label_values_is_exported_escaped():
                 end_ns=(t + 1) * S, count=1, bytes=1024, exec_ns_min=1, exec_ns_p50=1000,
                 exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=1.0, first_seq=t, last_seq=t))
     text = generate_latest(reg).decode()
-    assert 'job="a\\"b\\\\c\\nd"' in text
+    assert 'training_job="a\\"b\\\\c\\nd"' in text
 
 
 def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_rises():
@@ -185,8 +190,9 @@ def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_ris
                 "size_bucket": "64MiB", "transport": "net"}, host=None, rank=None, start_ns=1,
                 end_ns=None, detected_ns=2, baseline_busbw_gbs=None, observed_busbw_gbs=None,
                 effect=0.3, attribution="network", throughput_delta=None, evidence={})
-    labels = dict(job="j", type="network_path", comm="0x1", op="AllReduce", size_bucket="64MiB",
-                  transport="net", rank="", node="")
+    labels = dict(training_job="j", anomaly_type="network_path", comm="0x1", comm_name="",
+                  op="AllReduce", size_bucket="64MiB", transport="net", rank="", node="",
+                  Hostname="")
     m.event(AnomalyEvent(state="firing", severity="warning", **base))
     assert m.registry.get_sample_value("ncclwatch_anomaly_active",
                                        {**labels, "severity": "warning"}) == 1.0

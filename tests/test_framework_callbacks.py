@@ -204,5 +204,5 @@ def test_real_framework_run_emits_throughput_the_detectors_read(frameworks_site,
     DetectorMetrics(registry).bind(pipeline)
     for rec in records:
         pipeline.process(rec)
-    got = registry.get_sample_value("ncclwatch_job_tflops_per_gpu", {"job": job})
-    assert got == pytest.approx(records[-1].tflops_per_gpu)
+    got = registry.get_sample_value("ncclwatch_job_flops_per_second_per_gpu", {"training_job": job})
+    assert got == pytest.approx(records[-1].tflops_per_gpu * 1e12)

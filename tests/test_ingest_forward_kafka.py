@@ -122,7 +122,7 @@ def test_every_spool_record_arrives_in_order_per_communicator_with_its_key(
     assert all(k == f"{r.job}|{r.host}".encode() for _, k, r in others)
     assert fwd.metrics.registry.get_sample_value(
         "ncclwatch_plugin_dropped_total",
-        {"job": "job-1", "host": "node001", "reason": "pool_full"}) == 9.0
+        {"training_job": "job-1", "node": "node001", "Hostname": "node001", "reason": "pool_full"}) == 9.0
 
     wins = [r for _, k, r in records_of(consume(kafka_bootstrap, cfg.topics.windows))]
     assert wins and all(isinstance(w, WindowSummary) for w in wins)
