@@ -68,7 +68,7 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Labels this module sets itself; static labels may not override them.
 RESERVED_LABELS = frozenset(
     ("alertname", "training_job", "severity", "anomaly_id", "source", "comm", "op", "size_bucket",
-     "transport", "node", "rank")
+     "transport", "node", "rank", "UUID")
 )
 MAX_EVIDENCE_CHARS = 1024
 
@@ -237,6 +237,8 @@ def alert_from_event(
         labels["node"] = ev.host
     if ev.rank is not None:
         labels["rank"] = str(ev.rank)
+    if isinstance(gpu := ev.evidence.get("gpu"), str) and gpu:
+        labels["UUID"] = _utf8(gpu)  # the straggler's GPU, under DCGM exporter's label name
     # An empty value is an absent label to Alertmanager; don't send it (e.g. job "").
     labels = {k: v for k, v in labels.items() if v}
     dashboard = _dashboard_for(ev, links, labels.get("cluster", ""))

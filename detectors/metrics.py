@@ -12,10 +12,10 @@ ncclwatch_busbw_baseline_bytes_per_second     gauge      (same)
 ncclwatch_degradation_ratio                   gauge      (same) (effect: 1 - observed/baseline)
 ncclwatch_exec_seconds                        histogram  training_job, op, transport (window median exec)
 ncclwatch_anomaly_active                      gauge      training_job, anomaly_type, comm, comm_name, op, size_bucket,
-                                                         transport, rank, severity, node, Hostname
+                                                         transport, rank, severity, node, Hostname, UUID
 ncclwatch_anomalies_total                     counter    training_job, anomaly_type, severity
 ncclwatch_job_flops_per_second_per_gpu        gauge      training_job
-ncclwatch_rank_relative_exec_ratio            gauge      training_job, comm, comm_name, rank, node, Hostname
+ncclwatch_rank_relative_exec_ratio            gauge      training_job, comm, comm_name, rank, node, Hostname, UUID
 ncclwatch_detector_records_total              counter    kind
 ncclwatch_detector_lag_seconds                gauge      (wall clock - newest record time)
 ncclwatch_detector_input_live                 gauge      (1 live input, 0 a replay: lag is its age)
@@ -38,8 +38,10 @@ anomaly fires (removed on resolve). A job the pipeline forgets loses all its ser
 Labels that an anomaly spans (``null`` in the event) are exported as ``""``. ``node`` and
 ``Hostname`` are both the host name the plugin saw (``gethostname``): Inspector calls it
 ``node`` and DCGM exporter ``Hostname``, so a rank's or an anomaly's series joins either
-one's with ``on (node)`` or ``on (Hostname)``, no ``label_replace``. ``comm_name`` is
-Inspector's label for the communicator's name (``""`` when NCCL has none).
+one's with ``on (node)`` or ``on (Hostname)``, no ``label_replace``. ``UUID`` is the
+rank's GPU (``GPU-<uuid>``, DCGM exporter's ``UUID``) where the windows carry it, else
+``""``; on an anomaly, the straggler's GPU. ``comm_name`` is Inspector's label for the
+communicator's name (``""`` when NCCL has none).
 ``ncclwatch_anomalies_total`` counts an anomaly once, at its first firing event, with
 that event's severity.
 
@@ -68,8 +70,8 @@ COUNTED_IDS = 100_000  # anomaly ids remembered so each is counted once
 KEY_LABELS = ("training_job", "comm", "comm_name", "op", "size_bucket", "transport")
 # severity: the detector's, so Prometheus rules page exactly when the alert sink does
 ANOMALY_LABELS = ("training_job", "anomaly_type", "comm", "comm_name", "op", "size_bucket",
-                  "transport", "rank", "severity", "node", "Hostname")
-RANK_LABELS = ("training_job", "comm", "comm_name", "rank", "node", "Hostname")
+                  "transport", "rank", "severity", "node", "Hostname", "UUID")
+RANK_LABELS = ("training_job", "comm", "comm_name", "rank", "node", "Hostname", "UUID")
 GBS = 1e9  # the records' GB/s (NCCL's and Inspector's unit) in bytes per second
 # 10 us .. ~100 s, factor ~3: NCCL ops span small-message latency to huge transfers.
 EXEC_BUCKETS = (
@@ -260,12 +262,12 @@ class DetectorMetrics:
         ck = (job, ks.comm)
         if self._rank_updated.get(ck) != end_ns:
             self._rank_updated[ck] = end_ns
-            hosts = ks.rank_host
+            hosts, gpus = ks.rank_host, ks.rank_gpu
             for rank, rel in ks.straggler.relative().items():
                 node = hosts.get(rank, "")
-                self._rank((job, ks.comm, ks.comm_name, str(rank), node, node)).set(rel)
+                self._rank((job, ks.comm, ks.comm_name, str(rank), node, node, gpus.get(rank, ""))).set(rel)
 
-    def _rank(self, labels: tuple[str, str, str, str, str, str]) -> Any:
+    def _rank(self, labels: tuple[str, ...]) -> Any:
         lru = self._rank_lru
         child = lru.get(labels)
         if child is None:
@@ -303,6 +305,7 @@ class DetectorMetrics:
             ev.job, ev.type, k.get("comm") or "", k.get("comm_name") or "", k.get("op") or "",
             k.get("size_bucket") or "", k.get("transport") or "",
             "" if ev.rank is None else str(ev.rank), ev.severity, node, node,
+            str((ev.evidence or {}).get("gpu") or ""),
         )
         old = self._active.get(ev.id)
         if old != labels:

@@ -66,7 +66,7 @@ class KeyState:
 
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
-        "host", "rank_host", "baseline", "drift", "rule", "straggler", "pending",
+        "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
         "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "hold",
         "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
         "spread_incident",
@@ -82,6 +82,7 @@ class KeyState:
         self.window_ns = max(w.end_ns - w.start_ns, 1)
         self.host: str | None = w.host
         self.rank_host: dict[int, str] = {}
+        self.rank_gpu: dict[int, str] = {}  # "GPU-<uuid>" where the windows carry it
         self.baseline = RatioBaseline(**p.baseline)
         self.drift = DriftEvidence(**p.drift)
         self.rule = SustainedRule(**p.rule)
@@ -138,6 +139,7 @@ class KeyState:
             "window_ns": self.window_ns,
             "host": self.host,
             "rank_host": [[r, h] for r, h in self.rank_host.items()],
+            "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
             "baseline": self.baseline.to_state(),
             "drift": self.drift.to_state(),
             "rule": self.rule.to_state(),
@@ -171,6 +173,7 @@ class KeyState:
         obj.window_ns = st["window_ns"]
         obj.host = st["host"]
         obj.rank_host = {int(r): h for r, h in st["rank_host"]}
+        obj.rank_gpu = {int(r): g for r, g in st.get("rank_gpu", ())}  # absent before 2026-11-25
         obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
         obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
         obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
@@ -475,11 +478,14 @@ class Pipeline:
         h0 = first.host
         single_host = True
         rank_host = ks.rank_host
+        rank_gpu = ks.rank_gpu
         for r in recs:
             if r.host != h0:
                 single_host = False
             if rank_host.get(r.rank) != r.host:
                 rank_host[r.rank] = r.host
+            if r.gpu and rank_gpu.get(r.rank) != r.gpu:
+                rank_gpu[r.rank] = r.gpu
         ks.host = h0 if single_host else None
         spread = None
         if n >= 2:
@@ -615,7 +621,8 @@ class Pipeline:
             "straggler", "straggler", scope=host if host is not None else f"{ks.comm}/{rank}",
             host=host, rank=rank,
             evidence={"rank_scores": [[r, round(s, 4)] for r, s in scores], "comm": ks.comm,
-                      "spread_effect": round(spread_effect, 6)},
+                      "spread_effect": round(spread_effect, 6),
+                      **({"gpu": ks.rank_gpu[rank]} if rank in ks.rank_gpu else {})},
         )
         member = (*ks.tuple, "spread")
         inc = self._find_live(job, "straggler", v.scope)

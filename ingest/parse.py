@@ -47,7 +47,7 @@ def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
     NaN, Infinity, numbers that overflow and lone surrogate escapes.
     """
     hints = get_type_hints(cls)
-    fields: list[tuple[str, Any]] = [("v", Literal[records.VERSION])]  # type: ignore[valid-type]
+    fields: list[tuple[Any, ...]] = [("v", Literal[records.VERSION])]  # type: ignore[valid-type]
     patterns = []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
@@ -70,7 +70,8 @@ def _struct_for(cls: type) -> tuple[type, tuple[tuple[str, Any], ...]]:
             patterns.append((f.name, re.compile(meta["pattern"]).match))
         if nullable:
             t = Union[t, None]  # noqa: UP007 - built at run time
-        fields.append((f.name, t))
+        # An optional field (a default) may be absent, as in the contract parser.
+        fields.append((f.name, t) if f.default is dataclasses.MISSING else (f.name, t, f.default))
     struct = msgspec.defstruct(
         f"Fast{cls.__name__}",
         fields,

@@ -111,6 +111,7 @@ class _Acc:
             busbw_gbs_p50=nearest_rank(busbw, 50),
             first_seq=self.seq_min,
             last_seq=self.seq_max,
+            gpu=first.gpu,
         )
 
 

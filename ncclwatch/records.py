@@ -81,9 +81,11 @@ class RecordError(ValueError):
 
 def _f(*, enum: tuple[str, ...] | None = None, minimum: int | None = None,
        maximum: int | None = None, pattern: str | None = None,
-       keys: tuple[str, ...] | None = None):
+       keys: tuple[str, ...] | None = None, default: Any = dataclasses.MISSING):
     """Field constraints. ``keys`` makes a dict field a closed map: keys from that set,
-    values integers >= 0 (counters)."""
+    values integers >= 0 (counters). A ``default`` makes the field optional: a line
+    without it is read with the default, so a field can be added within a contract
+    version (readers of this version accept lines from writers before it)."""
     meta: dict[str, Any] = {}
     if enum is not None:
         meta["enum"] = enum
@@ -95,6 +97,8 @@ def _f(*, enum: tuple[str, ...] | None = None, minimum: int | None = None,
         meta["pattern"] = pattern
     if keys is not None:
         meta["keys"] = keys
+    if default is not dataclasses.MISSING:
+        return field(default=default, metadata=meta)
     return field(metadata=meta)
 
 
@@ -211,6 +215,9 @@ class WindowSummary:
     busbw_gbs_p50: float = _f(minimum=0)
     first_seq: int = _f(minimum=0)
     last_seq: int = _f(minimum=0)
+    # Optional (added within contract 1): the rank's GPU as the plugin saw it, "GPU-<uuid>"
+    # (DCGM's UUID), or "" where unknown (Inspector input, older forwarders).
+    gpu: str = _f(default="")
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +276,7 @@ class _FieldCheck:
     maximum: int | None
     pattern: Any
     keys: frozenset[str] | None
+    default: Any  # dataclasses.MISSING: required
 
 
 def _compile(cls: type) -> tuple[frozenset[str], tuple[_FieldCheck, ...]]:
@@ -295,6 +303,7 @@ def _compile(cls: type) -> tuple[frozenset[str], tuple[_FieldCheck, ...]]:
                 maximum=maximum,
                 pattern=re.compile(pattern) if pattern else None,
                 keys=frozenset(f.metadata["keys"]) if "keys" in f.metadata else None,
+                default=f.default,
             )
         )
     names = frozenset(["v", "kind", *(c.name for c in checks)])
@@ -326,8 +335,8 @@ def from_json(obj: Any) -> Any:
     if cls is None:
         raise RecordError("unknown_kind", f"unknown record kind {kind!r}")
     names, checks = _CHECKS[kind]
-    if obj.keys() != names:
-        missing = [c.name for c in checks if c.name not in obj]
+    if obj.keys() != names and not _only_optional_missing(obj, names, checks):
+        missing = [c.name for c in checks if c.name not in obj and c.default is dataclasses.MISSING]
         extra = sorted(k for k in obj if k not in names)
         parts = []
         if missing:
@@ -337,7 +346,7 @@ def from_json(obj: Any) -> Any:
         raise RecordError("schema", f"{kind} record: " + "; ".join(parts))
     values = []
     for c in checks:
-        value = obj[c.name]
+        value = obj.get(c.name, c.default)
         if value is None:
             if not c.nullable:
                 raise RecordError("schema", f"{kind}.{c.name}: null not allowed")
@@ -364,6 +373,12 @@ def from_json(obj: Any) -> Any:
             _check_counters(kind, c, value)
         values.append(value)
     return cls(*values)
+
+
+def _only_optional_missing(obj: dict, names: frozenset[str], checks: tuple[_FieldCheck, ...]) -> bool:
+    """The keys differ from the full set only by optional fields left out."""
+    return obj.keys() <= names and all(
+        c.name in obj or c.default is not dataclasses.MISSING for c in checks)
 
 
 def _check_counters(kind: str, c: _FieldCheck, value: dict) -> None:
@@ -576,6 +591,8 @@ def json_schema(cls: type) -> dict[str, Any]:
         if c.keys is not None:
             prop["propertyNames"] = {"enum": sorted(c.keys)}
             prop["additionalProperties"] = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+        if c.default is not dataclasses.MISSING:
+            prop["default"] = c.default  # optional: absent on lines of older writers
         props[c.name] = prop
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -583,7 +600,7 @@ def json_schema(cls: type) -> dict[str, Any]:
         "title": f"ncclwatch {cls.KIND} record, contract version {VERSION}",
         "description": (cls.__doc__ or "").strip().splitlines()[0],
         "type": "object",
-        "required": ["v", "kind", *(c.name for c in checks)],
+        "required": ["v", "kind", *(c.name for c in checks if c.default is dataclasses.MISSING)],
         "additionalProperties": False,
         "properties": props,
     }

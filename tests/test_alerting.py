@@ -191,6 +191,15 @@ def test_alert_labels_identify_the_anomaly_and_leave_out_what_it_spans():
     }
 
 
+def test_a_straggler_alert_names_its_gpu_as_dcgm_does():
+    ev = event(type="straggler", attribution="straggler", rank=3, host="node-3",
+               evidence={"gpu": "GPU-3b3f9d87-a4f1-dc38-6e64-50b8ef77c6ba"})
+    labels = alerts.alert_from_event(ev, alerts.AlertLinks())["labels"]
+    assert labels["UUID"] == "GPU-3b3f9d87-a4f1-dc38-6e64-50b8ef77c6ba"
+    assert labels["node"] == "node-3" and labels["rank"] == "3"
+    assert "UUID" not in alerts.alert_from_event(event(), alerts.AlertLinks())["labels"]
+
+
 def test_annotations_carry_baseline_observed_effect_since_and_throughput():
     a = alerts.alert_from_event(event(), alerts.AlertLinks())
     ann = a["annotations"]

@@ -325,7 +325,7 @@ class DetectorRun:
             start_ns=(self.t0_s + t) * 10**9, end_ns=(self.t0_s + t + 1) * 10**9, count=10,
             bytes=10 << 26, exec_ns_min=1, exec_ns_p50=int(exec_scale * 67e6 / busbw),
             exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=busbw, first_seq=10 * t,
-            last_seq=10 * t + 9,
+            last_seq=10 * t + 9, gpu=f"GPU-node-{rank}-0",
         )
 
     def feed(self, seconds: range) -> None:
@@ -531,8 +531,8 @@ def test_ncclwatch_series_join_dcgm_and_inspector_series_as_they_are_in_promethe
     """The straggler's node, as the detector names it, joins what the cluster already has.
 
     ncclwatch's rank and anomaly series carry the host under both names the cluster's
-    exporters use: ``Hostname`` (DCGM exporter) and ``node`` (NCCL Inspector), and the
-    communicator's name as Inspector's ``comm_name``. Every join below is on labels as
+    exporters use: ``Hostname`` (DCGM exporter) and ``node`` (NCCL Inspector), the GPU as
+    DCGM's ``UUID``, and the communicator's name as Inspector's ``comm_name``. Every join below is on labels as
     scraped: no ``label_replace``, no relabelling.
     """
     from prometheus_client import CollectorRegistry, Gauge
@@ -578,6 +578,13 @@ def test_ncclwatch_series_join_dcgm_and_inspector_series_as_they_are_in_promethe
         got = sorted((r["metric"]["Hostname"], r["metric"]["rank"], r["metric"]["gpu"], float(r["value"][1]))
                      for r in rows)
         assert got == [(node, "3", "0", 30.0), (node, "3", "1", 31.0)], rows
+        # ... and, where the windows carry the GPU's UUID, exactly its GPU.
+        rows = testing.prometheus_query(
+            prometheus_url,
+            f'max by (UUID, rank) (ncclwatch_anomaly_active{{{mine}, anomaly_type="straggler"}})'
+            f' * on (UUID) group_right (rank) DCGM_FI_DEV_GPU_UTIL{{{theirs}}}')
+        assert [(r["metric"]["UUID"], r["metric"]["rank"], float(r["value"][1])) for r in rows] \
+            == [(f"GPU-{node}-0", "3", 30.0)], rows
         # Inspector's own series join as they are, on node and comm_name: its bandwidth for
         # the straggler's communicator on that node.
         rows = testing.prometheus_query(

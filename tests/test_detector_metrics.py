@@ -65,7 +65,7 @@ def test_every_documented_metric_is_exported_with_its_labels():
     assert sample(reg, "ncclwatch_anomaly_active", training_job=job, anomaly_type="network_path",
                   comm=comm, comm_name=comm_name, op="AllReduce", size_bucket="64MiB",
                   transport="mixed", rank="", severity=ev.severity, node="",
-                  Hostname="") == 1.0  # a network path spans nodes
+                  Hostname="", UUID="") == 1.0  # a network path spans nodes
     assert sample(reg, "ncclwatch_anomalies_total", training_job=job, anomaly_type="network_path",
                   severity=ev.severity) == 1.0
     assert sample(reg, "ncclwatch_job_flops_per_second_per_gpu", training_job=job) > 200e12
@@ -74,7 +74,7 @@ def test_every_documented_metric_is_exported_with_its_labels():
     # node and Hostname: the rank's host, under Inspector's and DCGM's names (2 x 8 GPUs)
     host = scenarios.host_name(1)
     assert 0.5 < sample(reg, "ncclwatch_rank_relative_exec_ratio", training_job=job, comm=comm,
-                        comm_name=comm_name, rank="11", node=host, Hostname=host) < 1.5
+                        comm_name=comm_name, rank="11", node=host, Hostname=host, UUID="") < 1.5
     assert sample(reg, "ncclwatch_detector_records_total", kind="window") > 1000
     assert sample(reg, "ncclwatch_detector_keys") == p.key_count() == 14
     assert sample(reg, "ncclwatch_detector_lag_seconds") > 0  # replayed past data lags
@@ -149,7 +149,7 @@ def test_two_open_anomalies_sharing_a_series_keep_it_until_both_resolve():
                             evidence={})
 
     labels = dict(training_job="j", anomaly_type="telemetry_loss", comm="", comm_name="", op="",
-                  size_bucket="", transport="", rank="", severity="warning")
+                  size_bucket="", transport="", rank="", severity="warning", UUID="")
     # Each names its node: two series, each removed with its own anomaly.
     m.event(ev(1, "firing"))
     m.event(ev(2, "firing"))
@@ -192,7 +192,7 @@ def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_ris
                 effect=0.3, attribution="network", throughput_delta=None, evidence={})
     labels = dict(training_job="j", anomaly_type="network_path", comm="0x1", comm_name="",
                   op="AllReduce", size_bucket="64MiB", transport="net", rank="", node="",
-                  Hostname="")
+                  Hostname="", UUID="")
     m.event(AnomalyEvent(state="firing", severity="warning", **base))
     assert m.registry.get_sample_value("ncclwatch_anomaly_active",
                                        {**labels, "severity": "warning"}) == 1.0
@@ -201,3 +201,27 @@ def test_the_active_series_carries_the_detector_s_severity_and_moves_when_it_ris
                                        {**labels, "severity": "warning"}) is None
     assert m.registry.get_sample_value("ncclwatch_anomaly_active",
                                        {**labels, "severity": "critical"}) == 1.0
+
+
+def test_a_rank_s_gpu_from_its_windows_labels_its_series_and_the_straggler_it_is():
+    """Windows that carry the plugin's GPU UUID put it on the rank series and on the
+    straggler anomaly, under DCGM exporter's label name ``UUID``."""
+    records, _ = scenarios.generate(scenarios.by_name("straggler_2x2"))
+    reg = CollectorRegistry()
+    p = Pipeline(DetectorConfig())
+    DetectorMetrics(reg).bind(p)
+    events = []
+    for rec in records:
+        if rec.KIND == "window":
+            rec = dataclasses.replace(rec, gpu=f"GPU-{rec.host}-{rec.rank}")
+        events += p.process(rec)
+        if any(e.type == "straggler" for e in events):
+            break
+    (ev,) = [e for e in events if e.type == "straggler"]
+    gpu = f"GPU-{ev.host}-{ev.rank}"
+    assert ev.evidence["gpu"] == gpu
+    text = generate_latest(reg).decode()
+    active = [line for line in text.splitlines() if line.startswith("ncclwatch_anomaly_active{")]
+    assert any(f'UUID="{gpu}"' in line and 'anomaly_type="straggler"' in line for line in active), active
+    ranks = [line for line in text.splitlines() if line.startswith("ncclwatch_rank_relative_exec_ratio{")]
+    assert ranks and all('UUID="GPU-' in line for line in ranks)
