@@ -48,7 +48,7 @@ from ncclwatch.ingest.trainlog import RankMerge, ThroughputParser
 from ncclwatch.ingest.windows import Windower
 
 from ncclwatch import private
-from ncclwatch.config import Config
+from ncclwatch.config import Config, IngestConfig
 from ncclwatch.records import Quarantined, to_json
 from ncclwatch.rules import safe_filename
 
@@ -58,8 +58,16 @@ DIRECT, SPILL = "direct", "spill"
 _NO_LIMIT = 1 << 63
 
 
+_ING = IngestConfig()  # the documented defaults: Options starts from them, never its own
+
+
 @dataclass
 class Options:
+    """One forwarder run: ``[ingest]`` configuration with the command line's overrides
+    (:func:`options_from`) plus what only the command line or a test sets. Defaults that
+    configuration also has are taken from :class:`~ncclwatch.config.IngestConfig`, so a
+    forwarder built in code behaves like the documented defaults."""
+
     spool_dir: str
     state_dir: str
     node_id: str
@@ -69,11 +77,11 @@ class Options:
     once: bool = False
     delete_acked: bool = True
     ops_per_message: int = 100  # packed: docs/ingest.md, "Topics and keys"
-    window_s: float = 1.0
-    batch_size: int = 2000
-    linger_ms: int = 20
-    compression: str = "gzip"
-    buffer_max_bytes: int = 256 << 20
+    window_s: float = _ING.window_s
+    batch_size: int = _ING.batch_size
+    linger_ms: int = _ING.linger_ms
+    compression: str = _ING.compression
+    buffer_max_bytes: int = _ING.buffer_max_bytes
     max_inflight_batches: int = 8
     stall_s: float = 10.0
     poll_interval_s: float = 0.05
@@ -88,7 +96,7 @@ class Options:
     align_s: float = -1.0
     shutdown_timeout_s: float = 15.0
     auth_attempts: int = 5  # Kafka refusing the credentials this often in a row: exit 1
-    throughput_regex: str = ""
+    throughput_regex: str = ""  # "" = configuration's ingest.throughput_regex
     quarantine_file: str = ""
 
 

@@ -125,3 +125,18 @@ def test_file_replaced_while_down_is_read_from_zero_and_sent_whole(tmp_path):
     assert n == 50
     assert sum(len(m[2].split(b"\n")) for m in batch.messages if m[0] == cfg.topics.ops) == 50
     fwd.close()
+
+
+def test_options_built_in_code_take_the_documented_ingest_defaults():
+    """One home for the forwarder's defaults: a forwarder built without the CLI (tests,
+    benchmarks, embedding) compresses, batches and windows as docs/ingest.md says."""
+    import dataclasses
+
+    from ncclwatch.config import IngestConfig
+
+    opts, ing = Options(spool_dir="s", state_dir="t", node_id="n"), IngestConfig()
+    shared = {f.name for f in dataclasses.fields(Options)} & {f.name for f in dataclasses.fields(IngestConfig)}
+    assert {"compression", "batch_size", "linger_ms", "window_s", "buffer_max_bytes"} <= shared
+    # a list here, comma-separated text there; "" = the configured regex; set per run
+    for name in shared - {"spool_dir", "state_dir", "throughput_regex", "inspector_dirs"}:
+        assert getattr(opts, name) == getattr(ing, name), name
