@@ -285,16 +285,6 @@ class Pipeline:
     [('network_path', 'firing', 20, 23, 0.3)]
     """
 
-    lateness_windows = 2  # how long an incomplete rank group waits, in windows, at first
-    max_lateness_windows = 8  # the most it will wait for a lagging forwarder
-    # A key drifting down learns nothing for this long: enough for a ramp to cross the
-    # threshold against where it started (0 -> 30 % in 120 s is caught as with 60), short
-    # enough that a drift staying under it soon becomes the new normal (on the recorded
-    # straggler run, 60 turned a 10-15 % post-fault drift of a socket comm into an alert).
-    drift_freeze_windows = 30
-    z_min = 3.0  # a window is degraded only if also this many noise sigmas low
-    job_evict_s = 3600.0  # a job silent this long (advance) is forgotten
-
     def __init__(
         self,
         cfg: Any,
@@ -348,7 +338,7 @@ class Pipeline:
         anomalies resolved and its incomplete groups closed; one silent for
         ``job_evict_s`` is forgotten."""
         out: list[AnomalyEvent] = []
-        evict_ns = int(self.job_evict_s * 1e9)
+        evict_ns = int(self.cfg.job_evict_s * 1e9)
         for name in list(self._jobs):
             job = self._jobs[name]
             last = max(job.watermark, job.throughput.ts_ns)
@@ -400,7 +390,7 @@ class Pipeline:
             job = self._jobs[w.job] = JobState(w.job, self.cfg)
         if not job.window_ns:
             job.window_ns = max(w.end_ns - w.start_ns, 1)
-            job.lateness_ns = self.lateness_windows * job.window_ns
+            job.lateness_ns = self.cfg.lateness_windows * job.window_ns
         end = w.end_ns
         if end > self.last_end_ns:
             self.last_end_ns = end
@@ -429,7 +419,7 @@ class Pipeline:
                 # its ranks would drop out of every group for good.
                 lag = job.watermark - end + job.window_ns
                 if lag > job.lateness_ns:
-                    job.lateness_ns = min(lag, self.max_lateness_windows * job.window_ns)
+                    job.lateness_ns = min(lag, self.cfg.max_lateness_windows * job.window_ns)
             else:
                 group = ks.pending.get(start)
                 if group is None:
@@ -504,11 +494,11 @@ class Pipeline:
             b = math.exp(lb)
             effect = 1.0 - obs / b
             if effect >= cfg.threshold:
-                degraded = (lb - math.log(obs)) / base.rel_sigma >= self.z_min
+                degraded = (lb - math.log(obs)) / base.rel_sigma >= self.cfg.z_min
             if base.warm:
                 ks.drift.update(math.log(obs) - lb)
                 if ks.drift.drift_detected and end > ks.frozen_until:
-                    ks.frozen_until = end + self.drift_freeze_windows * ks.window_ns
+                    ks.frozen_until = end + self.cfg.drift_freeze_windows * ks.window_ns
         rule = ks.rule
         was_firing = rule.firing
         transition = rule.update(effect, start, degraded)
@@ -542,7 +532,7 @@ class Pipeline:
             elif end <= ks.frozen_until:
                 ks.unlearned = []
                 base.learn_one(obs, level=False)
-                if len(ks.frozen_obs) < self.drift_freeze_windows:
+                if len(ks.frozen_obs) < self.cfg.drift_freeze_windows:
                     ks.frozen_obs.append(obs)
             else:
                 if ks.frozen_obs:
@@ -587,7 +577,7 @@ class Pipeline:
         if lb is not None:
             effect = 1.0 - spread / math.exp(lb)
             if effect >= self.cfg.straggler_score:
-                degraded = (lb - math.log(spread)) / sb.rel_sigma >= self.z_min
+                degraded = (lb - math.log(spread)) / sb.rel_sigma >= self.cfg.z_min
         rule = ks.spread_rule
         transition = rule.update(effect, start, degraded)
         if transition is None and not rule.firing:
@@ -1095,7 +1085,7 @@ class Pipeline:
         tp = job.throughput
         base = tp.baseline
         effect = base.score_one(value)
-        degraded = effect >= cfg.throughput_drop and base.zscore(value) >= self.z_min
+        degraded = effect >= cfg.throughput_drop and base.zscore(value) >= self.cfg.z_min
         was_firing = tp.rule.firing
         transition = tp.rule.update(effect, start, degraded)
         trouble = self._comm_trouble(job)

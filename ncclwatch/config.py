@@ -185,6 +185,19 @@ class DetectorConfig:
     threshold_without_throughput: float = 0.25
     straggler_score: float = 0.2
     telemetry_timeout_s: float = 10.0
+    # A window is degraded only if it is also this many noise sigmas below its baseline.
+    z_min: float = 3.0
+    # A key drifting down learns nothing for this many windows: enough for a ramp to cross
+    # the threshold against where it started (0 -> 30 % in 120 s is caught as with 60),
+    # short enough that a drift staying under it soon becomes the new normal (on the
+    # recorded straggler run, 60 turned a 10-15 % post-fault drift of a socket comm into
+    # an alert).
+    drift_freeze_windows: int = 30
+    # How long an incomplete rank group waits for its missing ranks, in windows: at first,
+    # and at most once a forwarder is seen lagging.
+    lateness_windows: int = 2
+    max_lateness_windows: int = 8
+    job_evict_s: float = 3600.0  # a job silent this long (in stream time) is forgotten
     model_path: str = ""  # scikit-learn cold-start model from `ncclwatch fit`
     state_path: str = ""  # where `ncclwatch watch` persists baselines
     metrics_addr: str = "127.0.0.1"

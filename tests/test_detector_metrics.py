@@ -111,8 +111,7 @@ def test_a_forgotten_job_loses_its_series():
     reg = CollectorRegistry()
     p, m, _ = run("network_step30_2x2", reg, stop_s=70)
     assert "sim-network_step30_2x2" in generate_latest(reg).decode()
-    p.job_evict_s = 1
-    p.advance(p.last_end_ns + 100 * S)
+    p.advance(p.last_end_ns + int(p.cfg.job_evict_s + 100) * S)
     text = generate_latest(reg).decode()
     assert "sim-network_step30_2x2" not in text
     assert m.key_series == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ncclwatch.detectors.model import BusbwModel, ModelEntry
 from ncclwatch.detectors.pipeline import Pipeline
 
@@ -268,14 +270,13 @@ def test_growing_plugin_stats_drop_counters_count_as_drops():
 
 
 def test_a_job_that_goes_silent_has_its_anomalies_resolved_on_advance():
-    p = Pipeline(CFG)
+    p = Pipeline(dataclasses.replace(CFG, job_evict_s=100))
     events = feed(p, range(30), two_ranks(lambda t: 28.0 if t >= 20 else 40.0))
     assert [e.state for e in events] == ["firing"]
     assert p.advance((T0 + 35) * S) == []  # within the telemetry timeout
     (resolved,) = p.advance((T0 + 45) * S)
     assert resolved.state == "resolved" and resolved.evidence["resolved_because"] == "job_silent"
     assert s(resolved.end_ns) == 30
-    p.job_evict_s = 100
     p.advance((T0 + 200) * S)
     assert p.jobs() == []
 
@@ -336,8 +337,7 @@ def test_a_slow_ramp_is_measured_against_where_it_started():
     assert [e.type for e in events][:1] == ["network_path"]
     assert s(events[0].detected_ns) <= crossing + 8
     # without Page-Hinkley's freeze the baseline follows the ramp for longer
-    follower = Pipeline(CFG)
-    follower.drift_freeze_windows = 0
+    follower = Pipeline(dataclasses.replace(CFG, drift_freeze_windows=0))
     late = feed(follower, range(200), two_ranks(ramp))
     assert not late or s(late[0].detected_ns) >= s(events[0].detected_ns) + 4
 
@@ -385,12 +385,11 @@ def test_throughput_drop_is_not_reported_when_comm_windows_arriving_later_explai
 
 
 def test_a_job_with_only_throughput_records_is_also_forgotten_when_silent():
-    p = Pipeline(CFG)
+    p = Pipeline(dataclasses.replace(CFG, job_evict_s=30))
     events = feed(p, range(60), lambda t: [tp(t, 250.0 if t >= 30 else 310.0)])
     assert [(e.type, e.state) for e in events] == [("throughput_drop", "firing")]
     (resolved,) = p.advance((T0 + 80) * S)
     assert resolved.evidence["resolved_because"] == "job_silent"
-    p.job_evict_s = 30
     p.advance((T0 + 100) * S)
     assert p.jobs() == []
 
