@@ -594,12 +594,12 @@ def _start_metrics(w: Worker, port: int | None) -> None:
     from ncclwatch import exposition
 
     cfg = w.cfg
-    port = cfg.detector.metrics_port if port is None else port
-    if port < 0:
+    if (cfg.detector.metrics_port if port is None else port) < 0:
         return
     w.metrics = WorkerMetrics(cfg)
     w.metrics.detector.bind(w.core.detectors)
-    print(exposition.serve_line(w.metrics.registry, cfg.detector, port), file=sys.stderr, flush=True)
+    server = exposition.serve_configured(w.metrics.registry, cfg.detector, port)
+    print(f"metrics on {server.url}", file=sys.stderr, flush=True)
 
 
 UNPOSITIONED_GRACE_S = 60.0

@@ -340,9 +340,9 @@ def _metrics(cfg: Config, port: int | None, out: TextIO, *, live: bool) -> Any:
 
     registry = CollectorRegistry()
     metrics = DetectorMetrics(registry, max_keys=cfg.detector.max_metric_keys, component="watch", live=live)
-    port = cfg.detector.metrics_port if port is None else port
-    if port >= 0:
-        print(exposition.serve_line(registry, cfg.detector, port), file=out, flush=True)
+    server = exposition.serve_configured(registry, cfg.detector, port)
+    if server is not None:
+        print(f"metrics on {server.url}", file=out, flush=True)
     return metrics
 
 

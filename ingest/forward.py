@@ -1211,11 +1211,10 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     opts = options_from(args, cfg)
     kafka_sink.install_redaction(cfg.kafka)
     metrics = ForwarderMetrics()
-    port = cfg.ingest.metrics_port if args.metrics_port is None else args.metrics_port
-    if port >= 0:
-        from ncclwatch import exposition
+    from ncclwatch import exposition
 
-        server = exposition.serve(metrics.registry, cfg.ingest.metrics_addr, port, cfg.ingest.metrics_web_config)
+    server = exposition.serve_configured(metrics.registry, cfg.ingest, args.metrics_port)
+    if server is not None:
         log.info("event=metrics_listening addr=%s port=%d scheme=%s", cfg.ingest.metrics_addr,
                  server.server_port, server.scheme)
     fwd = Forwarder(cfg, opts, metrics=metrics)

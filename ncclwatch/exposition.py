@@ -178,8 +178,14 @@ def serve(registry: CollectorRegistry, addr: str, port: int, web_config: str = "
     return server
 
 
-def serve_line(registry: CollectorRegistry, section: Any, port: int) -> str:
-    """Serve with a config section's ``metrics_addr`` and ``metrics_web_config``; the
-    ``metrics on URL`` line the detectors print at start-up."""
+def serve_configured(registry: CollectorRegistry, section: Any, port: int | None = None) -> Any | None:
+    """Serve ``registry`` as a config section says (``metrics_addr``, ``metrics_port``,
+    ``metrics_web_config``): the one place ``forward``, ``worker`` and ``watch`` handle
+    ``--metrics-port``, which overrides the section's port when given (0: any free port;
+    negative: no endpoint, and None is returned). The server's ``url`` is what to print."""
+    port = section.metrics_port if port is None else port
+    if port < 0:
+        return None
     server = serve(registry, section.metrics_addr, port, section.metrics_web_config)
-    return f"metrics on {server.scheme}://{section.metrics_addr}:{server.server_port}/metrics"
+    server.url = f"{server.scheme}://{section.metrics_addr}:{server.server_port}/metrics"
+    return server
