@@ -45,7 +45,7 @@ from ncclwatch.detectors.messages import TELEMETRY_KINDS, Message, decode_messag
 from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, StreamCore
 from ncclwatch.ingest.recording import record_time_ns
 
-from ncclwatch import progress
+from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
 from ncclwatch.records import (
     DropRecord,
@@ -460,7 +460,7 @@ class Worker:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
         futures = [
             await self.anomalies_out.send(
-                key=ev.job.encode(), value=to_json(ev).encode(), timestamp=ev.detected_ns / 1e9
+                key=routing.key_for(ev), value=to_json(ev).encode(), timestamp=ev.detected_ns / 1e9
             )
             for ev in out.events
         ]

@@ -49,7 +49,7 @@ from ncclwatch.ingest.recording import (
     record_time_ns,
 )
 
-from ncclwatch import progress
+from ncclwatch import progress, routing
 from ncclwatch.config import Config
 from ncclwatch.records import Quarantined, parse_line
 
@@ -290,20 +290,7 @@ def live_topics(cfg: Config) -> set[str]:
 
 def topic_for(cfg: Config, record: Any, prefix: str) -> str:
     """The topic a record of this kind lives in (``[topics]`` names, prefixed)."""
-    t = cfg.topics
-    kind = record.KIND
-    name = {"window": t.windows, "throughput": t.throughput, "anomaly": t.anomalies}.get(kind, t.ops)
-    return prefix + name
-
-
-def key_for(record: Any) -> bytes:
-    """The message key the forwarder uses: ``<job>|<comm>`` for ops, ``<job>|<host>`` for
-    drops and plugin stats, the job for windows, throughput and anomalies."""
-    if record.KIND in ("op",):
-        return f"{record.job}|{record.comm}".encode()
-    if record.KIND in ("drop", "plugin_stats"):
-        return f"{record.job}|{record.host}".encode()
-    return record.job.encode()
+    return prefix + routing.topic_for(cfg.topics, record.KIND)
 
 
 def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> int:
@@ -436,12 +423,12 @@ def _to_kafka(
             rec = parse_line(it.raw)
             if to_topic:
                 topic = to_topic
-                key = it.key if it.key is not None or isinstance(rec, Quarantined) else key_for(rec)
+                key = it.key if it.key is not None or isinstance(rec, Quarantined) else routing.key_for(rec)
             elif isinstance(rec, Quarantined):
                 continue  # nothing says which topic it belongs to
             else:
                 topic = topic_for(cfg, rec, prefix)
-                key = it.key if it.key is not None else key_for(rec)
+                key = it.key if it.key is not None else routing.key_for(rec)
             producer.send(topic, key=key, value=it.raw, timestamp_ms=it.timestamp_ms)
             n += 1
         producer.flush()

@@ -50,6 +50,7 @@ from ncclwatch.ingest.windows import Windower
 from ncclwatch import private
 from ncclwatch.config import Config, IngestConfig
 from ncclwatch.records import Quarantined, to_json
+from ncclwatch.routing import key_for, op_group, topic_for
 from ncclwatch.rules import safe_filename
 
 log = logging.getLogger("ncclwatch.forward")
@@ -351,9 +352,9 @@ class Forwarder:
             self.stream_srcs[key].add(src)
 
     def _emit_windows(self, closed: list, out: list) -> None:
-        wt = self.topics.windows
+        wt = topic_for(self.topics, "window")
         for s in closed:
-            out.append((wt, s.job.encode(), to_json(s).encode()))
+            out.append((wt, key_for(s), to_json(s).encode()))
 
     def _prune(self, key: tuple) -> None:
         before = self.windowers[key[0]].closed_before_ns(key[1])
@@ -510,7 +511,7 @@ class Forwarder:
                         self._emit_windows(closed, out)
                         self._prune(("spool", (rec.job, rec.host, rec.pid)))
                     if nxt > floor:
-                        key = f"{rec.job}|{rec.comm}"
+                        key = op_group(rec.job, rec.comm)
                         group = ops.get(key)
                         if group is None:
                             ops[key] = [raw]
@@ -576,26 +577,20 @@ class Forwarder:
                      ops: dict) -> None:
         """Everything but a fast-path op (slow-path records, quarantine, other kinds)."""
         kind = rec.KIND
-        ops_topic = self.topics.ops
         if kind == "op":
             self._window_op("spool", rec, src, off, self.open_first.setdefault(src, {}), out)
-            ops.setdefault(f"{rec.job}|{rec.comm}", []).append(raw)
-        elif kind == "quarantined":
+            ops.setdefault(op_group(rec.job, rec.comm), []).append(raw)
+            return
+        if kind == "quarantined":
             self._quarantine(rec, out)
-        elif kind == "throughput":
-            out.append((self.topics.throughput, rec.job.encode(), raw))
-        elif kind == "drop":
+            return
+        if kind == "drop":
             self.metrics.plugin_drops(rec.job, rec.host, rec.pid, rec.reason, rec.total)
-            out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
         elif kind == "plugin_stats":
             for reason, total in rec.dropped.items():
                 if isinstance(total, int):
                     self.metrics.plugin_drops(rec.job, rec.host, rec.pid, reason, total)
-            out.append((ops_topic, f"{rec.job}|{rec.host}".encode(), raw))
-        elif kind == "window":
-            out.append((self.topics.windows, rec.job.encode(), raw))
-        else:
-            out.append((self.topics.anomalies, rec.job.encode(), raw))
+        out.append((topic_for(self.topics, kind), key_for(rec), raw))
 
     def _inspector_job(self, src: str) -> str:
         job = self.inspector_jobs.get(src)
@@ -660,7 +655,7 @@ class Forwarder:
                 hi = max(hi, end)
                 self._window_op("inspector", rec, src, line.offset, starts, out)
                 if send:
-                    ops.setdefault(f"{rec.job}|{rec.comm}", []).append(to_json(rec).encode())
+                    ops.setdefault(op_group(rec.job, rec.comm), []).append(to_json(rec).encode())
             else:
                 if hi > st.time.get(src, -1):
                     st.time[src] = hi
@@ -723,7 +718,7 @@ class Forwarder:
 
     def _emit_throughput(self, records: list, out: list) -> None:
         for rec in records:
-            out.append((self.topics.throughput, rec.job.encode(), to_json(rec).encode()))
+            out.append((topic_for(self.topics, "throughput"), key_for(rec), to_json(rec).encode()))
 
     def _poll_prom(self, out: list) -> int:
         n = 0

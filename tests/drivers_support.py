@@ -20,7 +20,7 @@ from typing import Any
 from ncclwatch.detectors.stream import JobDetectors
 from ncclwatch.ingest.recording import order_key, record_time_ns
 
-from ncclwatch import testing
+from ncclwatch import routing, testing
 from ncclwatch.config import load
 from ncclwatch.records import OpRecord, ThroughputRecord, WindowSummary, to_json
 from ncclwatch.rules import bandwidths_gbs, record_id
@@ -156,12 +156,7 @@ def create_topics(env: dict[str, str]) -> None:
 
 
 def topic_for(env: dict[str, str], record: Any) -> str:
-    cfg = config_of(env)
-    if isinstance(record, WindowSummary):
-        return cfg.topics.windows
-    if isinstance(record, ThroughputRecord):
-        return cfg.topics.throughput
-    return cfg.topics.ops
+    return routing.topic_for(config_of(env).topics, record.KIND)
 
 
 def publish(env: dict[str, str], records: list, extra: list[tuple[str, bytes | None, bytes]] = ()) -> None:
@@ -171,11 +166,9 @@ def publish(env: dict[str, str], records: list, extra: list[tuple[str, bytes | N
     producer = KafkaProducer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], acks="all", linger_ms=5)
     try:
         for rec in records:
-            # as ingest/forward.py keys them: drops and plugin stats by job and host
-            key = rec.job if rec.KIND in ("window", "throughput") else f"{rec.job}|{rec.host}"
             producer.send(
                 topic_for(env, rec),
-                key=key.encode(),
+                key=routing.key_for(rec),  # as the forwarder keys them
                 value=to_json(rec).encode(),
                 timestamp_ms=record_time_ns(rec) // 10**6,
             )

@@ -1,0 +1,54 @@
+"""Where a record is published: its topic and its message key, by kind.
+
+The forwarder publishes through these, ``ncclwatch replay --to-kafka`` republishes a
+recording through them, and the worker's partitioning depends on them (docs/ingest.md,
+"Topics and keys"), so they live here, below every component.
+
+- ops on ``topics.ops``, keyed ``<job>|<comm>``: one communicator's ops stay in order in
+  one partition (and pack into one message);
+- drops and plugin stats on ``topics.ops`` too, keyed ``<job>|<host>``;
+- windows, throughput and anomalies on their own topics, keyed by the job.
+
+>>> from ncclwatch.config import TopicsConfig
+>>> from ncclwatch.records import ThroughputRecord
+>>> r = ThroughputRecord(job="llm", host="n1", rank=-1, ts_ns=1, step=1, tflops_per_gpu=300.0,
+...                      tokens_per_s=None, source="api")
+>>> topic_for(TopicsConfig(prefix="t1."), r.KIND), key_for(r)
+('t1.job.throughput', b'llm')
+>>> op_group("llm", "0x00000000000000ab")
+'llm|0x00000000000000ab'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncclwatch.config import TopicsConfig
+
+
+def topic_for(topics: TopicsConfig, kind: str) -> str:
+    """The topic records of ``kind`` are published to (quarantined lines: the quarantine)."""
+    if kind == "window":
+        return topics.windows
+    if kind == "throughput":
+        return topics.throughput
+    if kind == "anomaly":
+        return topics.anomalies
+    if kind == "quarantined":
+        return topics.quarantine
+    return topics.ops  # op, drop, plugin_stats
+
+
+def op_group(job: str, comm: str) -> str:
+    """The key of an op's message, as text: ops of one group pack into one message."""
+    return f"{job}|{comm}"
+
+
+def key_for(record: Any) -> bytes:
+    """The message key of a record (not of a quarantined line: its key is its source)."""
+    kind = record.KIND
+    if kind == "op":
+        return op_group(record.job, record.comm).encode()
+    if kind in ("drop", "plugin_stats"):
+        return f"{record.job}|{record.host}".encode()
+    return record.job.encode()
