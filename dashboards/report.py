@@ -21,6 +21,8 @@ import argparse
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,10 +34,9 @@ from ncclwatch.ingest.recording import (
     Options,
     ReadStats,
     RecordingError,
+    SortedRecording,
     add_source_arguments,
     opened_recording,
-    read_recording,
-    record_time_ns,
     run_dir_of,
 )
 
@@ -45,7 +46,6 @@ from ncclwatch.records import (
     AnomalyEvent,
     DropRecord,
     OpRecord,
-    Quarantined,
     ThroughputRecord,
     WindowSummary,
     parse_line,
@@ -102,8 +102,12 @@ def load_labels(path: Path) -> list[dict]:
     ]
 
 
-def read_run(path: Path, cfg: Config, options: Options | None = None) -> tuple[Run, list[Any], list[dict]]:
-    """The recording's records in time order, and the labels found with them.
+@contextmanager
+def read_run(
+    path: Path, options: Options | None = None, *, job: str = ""
+) -> Iterator[tuple[Run, SortedRecording, list[dict]]]:
+    """The recording's records in time order (of ``job`` only, if given; streamed in
+    bounded memory), and the labels found with them.
 
     Labels: ``labels.json`` in a run directory, or ``<name>.labels.json`` beside a
     ``<name>.tar.gz`` (how the committed GPU-run fixtures are laid out).
@@ -111,19 +115,20 @@ def read_run(path: Path, cfg: Config, options: Options | None = None) -> tuple[R
     run = Run(name=path.name.removesuffix(".tar.gz").removesuffix(".tgz"), source=str(path))
     labels: list[dict] = []
     stats = ReadStats()
+    keep = (lambda rec: getattr(rec, "job", None) == job) if job else None
     with opened_recording(path) as root:
         top = run_dir_of(root)
-        records = read_recording([root], stats, options)
         if top is not None and (top / "labels.json").is_file():
             labels = load_labels(top / "labels.json")
         if top is not None and top != root:
             run.name = top.name
-    beside = path.with_name(f"{run.name}.labels.json")
-    if not labels and beside.is_file():
-        labels = load_labels(beside)
-    run.quarantined = sum(stats.quarantined.values())
-    run.notes = stats.notes()
-    return run, records, labels
+        beside = path.with_name(f"{run.name}.labels.json")
+        if not labels and beside.is_file():
+            labels = load_labels(beside)
+        with SortedRecording([root], stats, options, keep=keep) as recording:
+            run.quarantined = sum(stats.quarantined.values())
+            run.notes = stats.notes()
+            yield run, recording, labels
 
 
 def read_events(path: Path) -> list[AnomalyEvent]:
@@ -160,7 +165,7 @@ class BandMetrics(DetectorMetrics):
             self.run.baselines.setdefault(key, []).append((end_ns, float(baseline)))
 
 
-def detect(records: list[Any], cfg: Config, run: Run) -> list[AnomalyEvent]:
+def detect(records: Iterable[Any], cfg: Config, run: Run) -> list[AnomalyEvent]:
     """Run the detectors exactly as ``ncclwatch watch`` replays a recording, keeping each
     key's baseline per window (:class:`BandMetrics`) so the plots can draw the band the
     detector used."""
@@ -169,51 +174,60 @@ def detect(records: list[Any], cfg: Config, run: Run) -> list[AnomalyEvent]:
 
 
 def load(args: argparse.Namespace, cfg: Config) -> Run:
-    from ncclwatch.ingest.windows import Windower
-
+    """The run model of a recording, read once: windows for the plots, throughput, drops,
+    and the anomaly events (given, recorded, or detected in the same pass)."""
     options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
     try:
-        run, records, labels = read_run(Path(args.run), cfg, options)
+        with read_run(Path(args.run), options, job=args.job) as (run, recording, labels):
+            return _load(args, cfg, run, recording, labels)
     except RecordingError as e:
         raise ValueError(str(e)) from None
-    if args.job:
-        records = [r for r in records if getattr(r, "job", None) == args.job]
-    if not records:
+
+
+def _load(args: argparse.Namespace, cfg: Config, run: Run, recording: SortedRecording, labels: list[dict]) -> Run:
+    from ncclwatch.ingest.windows import Windower
+
+    if not recording.total:
         raise ValueError(f"{args.run}: no records" + (f" of job {args.job}" if args.job else ""))
     labels_path = Path(args.labels) if args.labels else None
     run.labels = load_labels(labels_path) if labels_path else labels
-    run.t0_ns, run.t1_ns = record_time_ns(records[0]), record_time_ns(records[-1])
+    run.t0_ns, run.t1_ns = recording.first_ns or 0, recording.last_ns or 0
     windower = Windower(cfg.ingest.window_s)
 
     def add_window(w: WindowSummary) -> None:
         key = (w.job, w.comm, w.op, w.size_bucket, w.transport)
         run.windows.setdefault(key, {}).setdefault(w.start_ns, {})[w.rank] = w
 
-    for rec in records:
-        if isinstance(rec, Quarantined):
-            continue
-        run.kinds[rec.KIND] += 1
-        if isinstance(rec, OpRecord):
-            for w in windower.add(rec):
-                add_window(w)
-        elif isinstance(rec, WindowSummary):
-            add_window(rec)
-        elif isinstance(rec, ThroughputRecord):
-            run.throughput.setdefault(rec.job, []).append(rec)
-        elif isinstance(rec, DropRecord):
-            run.drops.setdefault(rec.job, Counter())[rec.reason] += rec.count
-        elif isinstance(rec, AnomalyEvent):
-            run.events.append(rec)  # a recording of the anomalies topic
+    def tallied() -> Iterator[Any]:
+        for _, _, _, rec in recording:
+            run.kinds[rec.KIND] += 1
+            if isinstance(rec, OpRecord):
+                for w in windower.add(rec):
+                    add_window(w)
+            elif isinstance(rec, WindowSummary):
+                add_window(rec)
+            elif isinstance(rec, ThroughputRecord):
+                run.throughput.setdefault(rec.job, []).append(rec)
+            elif isinstance(rec, DropRecord):
+                run.drops.setdefault(rec.job, Counter())[rec.reason] += rec.count
+            elif isinstance(rec, AnomalyEvent):
+                run.events.append(rec)  # a recording of the anomalies topic
+            yield rec
+
+    if args.events or recording.kinds["anomaly"]:
+        for _ in tallied():
+            pass
+    else:
+        # one pass: the detectors see the records as they are tallied
+        run.events = detect(tallied(), cfg, run)
+        run.events_source = "detectors run over the recording (as `ncclwatch watch`)"
     for w in windower.flush():
         add_window(w)
     run.late_ops = windower.late_total
     if args.events:
         run.events = [e for e in read_events(Path(args.events)) if not args.job or e.job == args.job]
         run.events_source = args.events
-    elif not run.events:
-        run.events = detect(records, cfg, run)
-        run.events_source = "detectors run over the recording (as `ncclwatch watch`)"
-    else:
+    elif recording.kinds["anomaly"]:
         run.events_source = "anomaly records in the recording"
     return run
 

@@ -30,7 +30,8 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,12 +40,11 @@ from typing import Any, TextIO
 from ncclwatch.detectors.messages import message_lines
 from ncclwatch.detectors.playback import EventsFile, Pacer
 from ncclwatch.ingest.recording import (
-    KIND_ORDER,
     Options,
     ReadStats,
     RecordingError,
+    SortedRecording,
     add_source_arguments,
-    iter_records,
     order_key,
     record_time_ns,
 )
@@ -168,7 +168,11 @@ class Item:
     time_ns: int  # record time (files) or Kafka timestamp (topics), for pacing and ordering
     timestamp_ms: int  # the Kafka message timestamp to write
     key: bytes | None
-    origin: tuple  # (topic, partition, offset) or (file, offset): the sort tie-breaker
+    origin: tuple  # (topic, partition, offset, line): the sort tie-breaker of topics
+    record: Any = None  # the parsed record, where it was parsed already (files)
+
+    def parsed(self) -> Any:
+        return self.record if self.record is not None else parse_line(self.raw)
 
 
 def read_topics(
@@ -262,22 +266,26 @@ def read_files(
     until_ns: int | None,
     stats: ReadStats,
     options: Options | None = None,
-) -> list[Item]:
-    """Every record of the recordings whose record time is in the range, in time order.
+) -> SortedRecording:
+    """The records of the recordings whose record time is in the range, in time order
+    and bounded memory (enter it to read; :class:`SortedRecording`).
 
     Lines that are not valid records are left out and counted: there is nothing to
     order them by, and no destination wants them.
     """
-    items: list[Item] = []
-    for source, offset, raw, rec in iter_records(paths, stats, options):
+
+    def in_range(rec: Any) -> bool:
         t = record_time_ns(rec)
-        if (since_ns is not None and t < since_ns) or (until_ns is not None and t >= until_ns):
-            continue
-        origin = (KIND_ORDER.get(rec.KIND, 3), source, offset)
-        items.append(Item(raw, t, t // 10**6, None, origin))
-    stats.records = len(items)
-    items.sort(key=lambda it: (it.time_ns, it.origin))
-    return items
+        return (since_ns is None or t >= since_ns) and (until_ns is None or t < until_ns)
+
+    return SortedRecording(paths, stats, options, keep=None if since_ns is None and until_ns is None else in_range)
+
+
+def file_items(recording: SortedRecording) -> Iterator[Item]:
+    """A recording's records as items: Kafka timestamps are the record times."""
+    for _, _, raw, rec in recording:
+        t = record_time_ns(rec)
+        yield Item(raw, t, t // 10**6, None, (), rec)
 
 
 # --- destinations --------------------------------------------------------------------------
@@ -325,31 +333,34 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         if args.to_topic and args.to_topic in args.topic:
             return fail("refusing to replay a topic into itself")
 
-    stats = ReadStats()
-    if args.topic:
-        items = read_topics(cfg, args.topic, since_ns, until_ns, offsets)
-    else:
-        options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
-        try:
-            items = read_files(args.files, since_ns, until_ns, stats, options)
-        except RecordingError as e:
-            return fail(str(e))
-    for note in stats.notes():
-        print(note, file=sys.stderr)
-    bar = progress.bar(len(items), "replay", enabled=False if args.no_progress else None)
-    pacer = Pacer(args.speed)
-    with bar:
-        if args.detect:
-            n = _detect(cfg, items, pacer, bar, args.events_out, out)
-        elif args.out:
-            n = _to_file(items, args.out, pacer, bar)
+    with ExitStack() as stack:
+        if args.topic:
+            items: list[Item] = read_topics(cfg, args.topic, since_ns, until_ns, offsets)
+            source: Iterable[Item] = items
+            count, kinds = len(items), None
         else:
-            n = _to_kafka(cfg, items, pacer, bar, args.to_topic, args.topic_prefix)
+            options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
+            try:
+                recording = stack.enter_context(read_files(args.files, since_ns, until_ns, ReadStats(), options))
+            except RecordingError as e:
+                return fail(str(e))
+            for note in recording.stats.notes():
+                print(note, file=sys.stderr)
+            source, count, kinds = file_items(recording), recording.total, set(recording.kinds)
+        bar = progress.bar(count, "replay", enabled=False if args.no_progress else None)
+        pacer = Pacer(args.speed)
+        with bar:
+            if args.detect:
+                n = _detect(cfg, source, args.topic != [], pacer, bar, args.events_out, out)
+            elif args.out:
+                n = _to_file(source, args.out, pacer, bar)
+            else:
+                n = _to_kafka(cfg, source, kinds, pacer, bar, args.to_topic, args.topic_prefix)
     print(f"replayed {n} record(s)", file=sys.stderr)
     return 0
 
 
-def _paced(items: list[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
+def _paced(items: Iterable[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
     for it in items:
         pacer.wait(it.time_ns)
         yield it
@@ -358,7 +369,8 @@ def _paced(items: list[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
 
 def _detect(
     cfg: Config,
-    items: list[Item],
+    items: Iterable[Item],
+    from_topics: bool,
     pacer: Pacer,
     bar: Any,
     events_out: str | None,
@@ -366,17 +378,17 @@ def _detect(
 ) -> int:
     from ncclwatch.detectors.watch import Watch
 
-    # Detectors want record-time order, as watch gives them: topics were read in Kafka
-    # timestamp order, which is publication time when a producer did not set it.
-    records = [r for r in (parse_line(it.raw) for it in items) if not isinstance(r, Quarantined)]
-    records.sort(key=order_key)
-    timed = [Item(b"", record_time_ns(r), 0, None, ()) for r in records]
+    if from_topics:
+        # Detectors want record-time order, as watch gives them: topics were read in Kafka
+        # timestamp order, which is publication time when a producer did not set it.
+        records = sorted((r for r in (it.parsed() for it in items) if not isinstance(r, Quarantined)), key=order_key)
+        items = [Item(b"", record_time_ns(r), 0, None, (), r) for r in records]
     events_file = EventsFile(events_out)
     watch = Watch(cfg, out=out, events_file=events_file)
     n = 0
     try:
-        for rec, _ in zip(records, _paced(timed, pacer, bar), strict=True):
-            watch.feed(rec)
+        for it in _paced(items, pacer, bar):
+            watch.feed(it.record)
             n += 1
         watch.flush()
     finally:
@@ -385,7 +397,7 @@ def _detect(
     return n
 
 
-def _to_file(items: list[Item], path: str, pacer: Pacer, bar: Any) -> int:
+def _to_file(items: Iterable[Item], path: str, pacer: Pacer, bar: Any) -> int:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.endswith(".gz") else open
     n = 0
@@ -398,29 +410,33 @@ def _to_file(items: list[Item], path: str, pacer: Pacer, bar: Any) -> int:
 
 def _to_kafka(
     cfg: Config,
-    items: list[Item],
+    items: Iterable[Item],
+    kinds: set[str] | None,
     pacer: Pacer,
     bar: Any,
     to_topic: str | None,
     prefix: str,
 ) -> int:
+    """Publish ``items``; ``kinds`` (the record kinds among them, None: not known yet,
+    then ``items`` is a list and is looked through) say which topics must exist."""
     from kafka import KafkaProducer
 
-    if not items:
-        return 0
     # Replayed records keep their recording's times: a target created with the broker's
     # time-based retention would lose them at its next check (docs/replay.md).
     from ncclwatch.ingest.kafka_sink import ensure_topics
 
-    targets = {to_topic} if to_topic else {
-        topic_for(cfg, rec, prefix) for rec in (parse_line(it.raw) for it in items)
-        if not isinstance(rec, Quarantined)}
+    if kinds is None:
+        assert isinstance(items, list)
+        kinds = {r.KIND for r in (it.parsed() for it in items) if not isinstance(r, Quarantined)}
+    if not kinds:
+        return 0
+    targets = {to_topic} if to_topic else {prefix + routing.topic_for(cfg.topics, k) for k in kinds}
     ensure_topics(cfg.kafka, cfg.topics, sorted(targets), retention_ms=-1)
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
     try:
         for it in _paced(items, pacer, bar):
-            rec = parse_line(it.raw)
+            rec = it.parsed()
             if to_topic:
                 topic = to_topic
                 key = it.key if it.key is not None or isinstance(rec, Quarantined) else routing.key_for(rec)

@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,9 +51,9 @@ from ncclwatch.ingest.recording import (
     Options,
     ReadStats,
     RecordingError,
+    SortedRecording,
     add_source_arguments,
     file_kind,
-    read_recording,
     record_time_ns,
 )
 
@@ -364,14 +365,26 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         return 2
     replay = source.is_file() or args.speed is not None
     options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
-    records: list[Any] = []
-    stats = ReadStats()
-    try:
+    with ExitStack() as stack:
+        recording = None
         if replay:
-            records = read_recording([source], stats, options)
-    except RecordingError as e:
-        print(f"ncclwatch watch: {e}", file=sys.stderr)
-        return 2
+            try:
+                recording = stack.enter_context(SortedRecording([source], ReadStats(), options))
+            except RecordingError as e:
+                print(f"ncclwatch watch: {e}", file=sys.stderr)
+                return 2
+        return _run(args, cfg, out, source, replay, recording, options)
+
+
+def _run(
+    args: argparse.Namespace,
+    cfg: Config,
+    out: TextIO,
+    source: Path,
+    replay: bool,
+    recording: SortedRecording | None,
+    options: Options,
+) -> int:
     state_path = args.state or ("" if replay else cfg.detector.state_path)
     metrics = _metrics(cfg, args.metrics_port, out, live=not replay)
     sink = _sink(cfg)
@@ -387,8 +400,8 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
     stop = _Stop()
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if replay:
-            _replay(watch, source, records, stats, args, stop)
+        if recording is not None:
+            _replay(watch, source, recording, args, stop)
         else:
             positions = _tail(watch, source, args, stop, positions, state_path, options)
     finally:
@@ -420,24 +433,22 @@ def _every(interval_s: float) -> Any:
     return due
 
 
-def _replay(
-    watch: Watch, source: Path, records: list[Any], stats: ReadStats, args: argparse.Namespace, stop: _Stop
-) -> None:
+def _replay(watch: Watch, source: Path, recording: SortedRecording, args: argparse.Namespace, stop: _Stop) -> None:
     speed = args.speed if args.speed is not None else 0.0
-    span_s = (record_time_ns(records[-1]) - record_time_ns(records[0])) / 1e9 if records else 0.0
+    span_s = (recording.last_ns - recording.first_ns) / 1e9 if recording.total else 0.0  # type: ignore[operator]
     print(
-        f"replaying {len(records)} records ({span_s:.0f} s of recording) from {source} at "
+        f"replaying {recording.total} records ({span_s:.0f} s of recording) from {source} at "
         + ("full speed" if speed == 0 else f"{speed:g}× real time"),
         file=watch.out,
         flush=True,
     )
-    for note in stats.notes():
+    for note in recording.stats.notes():
         print(f"  {note}", file=watch.out)
     pacer = Pacer(speed, sleep=stop.sleep)
     status_due = _every(args.status_every_s)
     tick_due = _every(1.0)
-    with progress.bar(len(records), "watch: replaying", enabled=False if args.no_progress else None) as bar:
-        for rec in records:
+    with progress.bar(recording.total, "watch: replaying", enabled=False if args.no_progress else None) as bar:
+        for _, _, _, rec in recording:
             if stop.requested:
                 break
             pacer.wait(record_time_ns(rec))

@@ -149,12 +149,14 @@ def is_quarantined(rec: Any) -> bool:
 def to_record(rec: Any) -> Any:
     """The dataclass record for a fast result (for callers that need the real type)."""
     if isinstance(rec, msgspec.Struct):
-        cls = records.RECORD_TYPES[rec.KIND]
-        return cls(*(getattr(rec, f.name) for f in _FIELDS[cls]))
+        # one C call for the values, in the dataclass's field order after "v"
+        return records.RECORD_TYPES[rec.KIND](*_astuple(rec)[1:])
     return rec
 
 
-_FIELDS = {cls: dataclasses.fields(cls) for cls in records.RECORD_TYPES.values()}
+_astuple = msgspec.structs.astuple
+for _s in _STRUCTS:
+    assert _s.__struct_fields__ == ("v", *(f.name for f in dataclasses.fields(records.RECORD_TYPES[_s.KIND]))), _s
 
 
 def parse_record(raw: bytes, source: str = "", offset: int = 0) -> Any:

@@ -34,13 +34,15 @@ from __future__ import annotations
 import argparse
 import glob
 import gzip
+import heapq
 import json
 import logging
 import os
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,21 +439,170 @@ def _nothing_found(path: Path, stats: ReadStats) -> str:
     return text
 
 
-def read_recording(
-    paths: Iterable[str | Path], stats: ReadStats | None = None, options: Options | None = None
-) -> list[Any]:
-    """Every valid record of one or more recordings, sorted by stream time.
+# How many records a sort holds in memory (≈ 1 KB each with their lines). A longer
+# recording is sorted in runs of this many, spilled to disk and merged, like sort(1):
+# replaying 10 M records then needs no more memory than replaying 100 k.
+SORT_RUN_RECORDS = 100_000
+# Runs merged at once; more are merged into one first (file descriptors, read buffers).
+MAX_OPEN_RUNS = 64
+
+
+class SortedRecording:
+    """Every valid record of one or more recordings, in stream time, in bounded memory.
 
     Within one file records are roughly in time order already; across files (one per
     process) they interleave, and Inspector writes per communicator per dump, so they
-    are merged by time as a live run would have seen them. The sort is stable: records
-    of equal time keep their file order.
+    are merged by time as a live run would have seen them: by :func:`order_key`, records
+    of equal key in the order they were read (:func:`iter_records`).
+
+    Entering reads the recording through once (``total``, ``first_ns`` and ``last_ns``
+    are known then); iterating gives ``(source, offset, raw, record)`` once. Up to
+    ``run_records`` records are sorted in memory; beyond that sorted runs go to a
+    temporary directory (lz4, the lines as read with their sort key) and are merged from
+    there, so memory stays flat whatever the length. ``keep`` leaves records out before
+    they are counted or held.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> lines = [to_json(ThroughputRecord(job="j", host="h", rank=0, ts_ns=t, step=t,
+    ...          tflops_per_gpu=1.0, tokens_per_s=None, source="api")) for t in (3, 1, 2, 5, 4)]
+    >>> _ = (d / "a.jsonl").write_text("\\n".join(lines) + "\\n")
+    >>> with SortedRecording([d], ReadStats(), run_records=2) as rec:
+    ...     (rec.total, rec.runs, [r.ts_ns for _, _, _, r in rec])
+    (5, 3, [1, 2, 3, 4, 5])
     """
-    stats = stats if stats is not None else ReadStats()
-    records = [rec for _, _, _, rec in iter_records(paths, stats, options)]
-    stats.records = len(records)
-    records.sort(key=order_key)
-    return records
+
+    def __init__(
+        self,
+        paths: Iterable[str | Path],
+        stats: ReadStats | None = None,
+        options: Options | None = None,
+        *,
+        keep: Callable[[Any], bool] | None = None,
+        run_records: int | None = None,
+    ) -> None:
+        self.paths = list(paths)
+        self.stats = stats if stats is not None else ReadStats()
+        self.options = options
+        self.keep = keep
+        self.run_records = max(1, run_records or SORT_RUN_RECORDS)
+        self.total = 0
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.runs = 0  # sorted runs spilled to disk (0: sorted in memory)
+        self.kinds: Counter[str] = Counter()  # records by kind
+        self._stack = ExitStack()
+        self._sources: list[str] = []
+        self._memory: list[tuple[int, int, int, int, int, bytes, Any]] = []
+        self._run_paths: list[Path] = []
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> SortedRecording:
+        try:
+            self._read()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._memory = []
+        self._stack.close()
+
+    def _read(self) -> None:
+        index: dict[str, int] = {}
+        buf = self._memory
+        first = last = None
+        for seq, (source, offset, raw, rec) in enumerate(iter_records(self.paths, self.stats, self.options)):
+            if self.keep is not None and not self.keep(rec):
+                continue
+            key = order_key(rec)
+            first = key if first is None or key < first else first
+            last = key if last is None or key > last else last
+            src = index.get(source)
+            if src is None:
+                src = index[source] = len(self._sources)
+                self._sources.append(source)
+            buf.append((key[0], key[1], seq, src, offset, raw, rec))
+            self.total += 1
+            self.kinds[rec.KIND] += 1
+            if len(buf) >= self.run_records:
+                self._spill(buf)
+                buf.clear()
+        if self._run_paths and buf:
+            self._spill(buf)
+            buf.clear()
+        buf.sort(key=_entry_key)
+        self.stats.records = self.total
+        self.first_ns = first[0] if first else None
+        self.last_ns = last[0] if last else None
+
+    def _spill(self, buf: list[tuple[int, int, int, int, int, bytes, Any]]) -> None:
+        import lz4.frame
+
+        if self._tmp is None:
+            self._tmp = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ncclwatch-sort-")))
+        buf.sort(key=_entry_key)
+        path = self._tmp / f"run-{len(self._run_paths):06d}.lz4"
+        # A fixed-width key first, so the merge compares lines as they are read.
+        with lz4.frame.open(path, "wb", compression_level=0) as f:
+            f.writelines(b"%020d%d%012d %d %d %b\n" % (e[0] + _T_SHIFT, *e[1:6]) for e in buf)
+        self._run_paths.append(path)
+        self.runs += 1
+        if len(self._run_paths) >= MAX_OPEN_RUNS:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Merge the runs so far into one: the merge keeps few files open however long
+        the recording (lines sort as they are, so nothing is parsed)."""
+        import lz4.frame
+
+        assert self._tmp is not None
+        path = self._tmp / f"merged-{self.runs:06d}.lz4"
+        with ExitStack() as files:
+            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
+            with lz4.frame.open(path, "wb", compression_level=0) as out:
+                out.writelines(heapq.merge(*runs))
+        for p in self._run_paths:
+            p.unlink()
+        self._run_paths = [path]
+
+    def __iter__(self) -> Iterator[tuple[str, int, bytes, Any]]:
+        if not self._run_paths:
+            for _, _, _, src, offset, raw, rec in self._memory:
+                yield self._sources[src], offset, raw, rec
+            self._memory = []
+            return
+        import lz4.frame
+
+        with ExitStack() as files:
+            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
+            for line in heapq.merge(*runs):
+                src, offset, raw = line[_KEY_WIDTH + 1 : -1].split(b" ", 2)
+                source = self._sources[int(src)]
+                rec = parse_record(raw, source=source, offset=int(offset))
+                if isinstance(rec, Quarantined):  # it parsed once: the spill file was damaged
+                    self.stats.quarantine(rec)
+                    continue
+                yield source, int(offset), raw, rec
+
+
+# Spilled lines start with time (shifted to be positive: 20 digits), kind (1), read order (12).
+_T_SHIFT = 1 << 63
+_KEY_WIDTH = 20 + 1 + 12
+
+
+def _entry_key(e: tuple[int, int, int, int, int, bytes, Any]) -> tuple[int, int, int]:
+    return e[0], e[1], e[2]
+
+
+def read_recording(
+    paths: Iterable[str | Path], stats: ReadStats | None = None, options: Options | None = None
+) -> list[Any]:
+    """Every valid record of one or more recordings, sorted by stream time, as a list
+    (:class:`SortedRecording` streams them in bounded memory)."""
+    with SortedRecording(paths, stats, options) as rec:
+        return [r for _, _, _, r in rec]
 
 
 def add_source_arguments(p: argparse.ArgumentParser, *, job: bool = True) -> None:

@@ -1,0 +1,141 @@
+"""Peak memory of the commands that replay a recording, by recording length.
+
+Each command runs in a fresh process over a synthetic plugin spool (8 streams, 4
+communicators, ``ingest.synth.write_spool``) and is measured by the kernel: peak
+resident set (``ru_maxrss`` of the child), CPU seconds (user + sys) and wall seconds.
+
+- ``watch``: ``ncclwatch watch SPOOL --speed 0`` (local mode replaying at full speed);
+- ``replay``: ``ncclwatch replay --files SPOOL --out FILE``;
+- ``detect``: ``ncclwatch replay --files SPOOL --detect``;
+- ``report``: ``ncclwatch report SPOOL`` (Markdown and figures).
+
+``--old COMMIT`` runs the same commands with an older commit too (``git worktree``,
+imported through ``bench/ab.py``'s shim), alternating which goes first, so both sides
+see the same machine. ::
+
+    .venv/bin/python bench/detectors/bench_replay_memory.py --records 1000000,10000000 \\
+        [--commands watch,replay,detect,report] [--repeats 1] [--old COMMIT] [--new COMMIT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+CHILD = r"""
+import sys
+shim = sys.argv[1]
+if shim:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, shim)
+from ncclwatch import cli
+import ncclwatch.records as r
+assert ("/shim-" in r.__file__) == bool(shim), r.__file__
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def spool_of(n: int, cache: Path) -> Path:
+    """A spool of ``n`` op records (rounded down to 8 streams), written once per size."""
+    from ncclwatch.ingest.synth import write_spool
+
+    d = cache / f"spool-{n}"
+    if not (d / "done").exists():
+        write_spool(str(d), job="bench-mem", streams=8, ops_per_stream=n // 8, comms=4, segment_ops=200_000)
+        (d / "done").write_text("")
+    return d
+
+
+def argv_for(command: str, spool: Path, out: Path) -> list[str]:
+    if command == "watch":
+        return ["watch", str(spool), "--speed", "0", "--metrics-port", "-1", "--status-every-s", "0",
+                "--no-progress"]
+    if command == "replay":
+        return ["replay", "--files", str(spool), "--out", str(out / "replayed.jsonl"), "--no-progress"]
+    if command == "detect":
+        return ["replay", "--files", str(spool), "--detect", "--no-progress"]
+    if command == "report":
+        return ["report", str(spool), "--out", str(out / "report")]
+    raise ValueError(command)
+
+
+def measure(argv: list[str], shim: str) -> dict:
+    """Peak RSS (MB), CPU s and wall s of one fresh process running ``ncclwatch argv``."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, shim, *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv}: exit {proc.returncode}: {err[-2000:]}")
+    return {"rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--records", default="1000000", help="comma-separated recording lengths")
+    ap.add_argument("--commands", default="watch,replay,detect,report")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--old", help="also run this older commit, side by side")
+    ap.add_argument("--new", help="run this commit as the new side (default: the working tree), so the "
+                    "tree can change while a long run goes on")
+    ap.add_argument("--old-max-records", type=int, default=1_000_000,
+                    help="run the old commit only up to this length (it may hold everything in memory)")
+    ap.add_argument("--cache", default=str(ROOT / "var" / "bench-replay-memory"))
+    args = ap.parse_args()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    sides = [("new", "")]
+    with tempfile.TemporaryDirectory(prefix="ncclwatch-memory-") as tmp:
+        tmp_p = Path(tmp)
+        trees = []
+        from ab import shim_for
+
+        for side, commit in (("new", args.new), ("old", args.old)):
+            if commit:
+                tree = tmp_p / f"{side}-tree"
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), commit],
+                               check=True)
+                trees.append(tree)
+                shim = str(shim_for(tree, tmp_p / f"shim-{side}"))
+                sides = [s for s in sides if s[0] != side] + [(side, shim)]
+        try:
+            print(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
+                              "cpus": os.cpu_count(), "python": platform.python_version(),
+                              "new": args.new or "working tree", "old": args.old}), flush=True)
+            for n in (int(x) for x in args.records.split(",")):
+                spool = spool_of(n, cache)
+                for command in args.commands.split(","):
+                    for rep in range(args.repeats):
+                        order = sides if rep % 2 == 0 else sides[::-1]
+                        for side, shim in order:
+                            if side == "old" and n > args.old_max_records:
+                                continue
+                            out = tmp_p / f"out-{side}"
+                            out.mkdir(exist_ok=True)
+                            r = measure(argv_for(command, spool, out), shim)
+                            subprocess.run(["rm", "-rf", str(out)], check=True)
+                            print(json.dumps({"records": n, "command": command, "side": side, "repeat": rep,
+                                              **{k: round(v, 1) for k, v in r.items()},
+                                              "records_per_cpu_s": round(n / r["cpu_s"])}), flush=True)
+        finally:
+            for tree in trees:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
