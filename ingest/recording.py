@@ -439,10 +439,10 @@ def _nothing_found(path: Path, stats: ReadStats) -> str:
     return text
 
 
-# How many records a sort holds in memory (≈ 1 KB each with their lines). A longer
+# How many records a sort holds in memory (≈ 2 KB each with their lines). A longer
 # recording is sorted in runs of this many, spilled to disk and merged, like sort(1):
-# replaying 10 M records then needs no more memory than replaying 100 k.
-SORT_RUN_RECORDS = 100_000
+# replaying 10 M records then needs no more memory than replaying 50 k.
+SORT_RUN_RECORDS = 50_000
 # Runs merged at once; more are merged into one first (file descriptors, read buffers).
 MAX_OPEN_RUNS = 64
 
