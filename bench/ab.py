@@ -36,7 +36,8 @@ if shim:
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     sys.path.insert(0, shim)
 from ncclwatch.config import DetectorConfig
-from ncclwatch.detectors import pipeline, scenarios
+from ncclwatch.detectors import pipeline
+from ncclwatch_testkit import scenarios
 records, _ = scenarios.generate(scenarios.by_name(sys.argv[2]))
 windows = sum(1 for r in records if r.KIND == "window")
 t = time.process_time()
@@ -83,9 +84,8 @@ def main() -> int:
     ap.add_argument("--what", choices=("forward", "pipeline"), default="forward")
     ap.add_argument("--scenario", default="steady_2x8")
     args = ap.parse_args()
-    from ncclwatch.ingest.synth import write_spool
-
-    from ncclwatch import testing
+    from ncclwatch_testkit import services as testing
+    from ncclwatch_testkit.synth import write_spool
 
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap if args.what == "forward" else ""
     with tempfile.TemporaryDirectory() as tmp:

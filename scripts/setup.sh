@@ -5,6 +5,7 @@
 #     build-essential if gcc is missing, a JDK/Maven if missing;
 #   - .venv (python3.11) with `pip install -e '.[dev]'`, constrained by requirements/ci.lock;
 #   - a wheelhouse of the locked packages (the packaging test installs each extra from it);
+#   - the test kit (testkit/, `ncclwatch_testkit`) into .venv, editable, from that wheelhouse;
 #   - helm built from the Go module proxy (the chart test renders deploy/helm/ncclwatch);
 #   - .cache/frameworks-venv with torch, Lightning and transformers for the callback tests
 #     (NCCLWATCH_SKIP_FRAMEWORKS=1 skips it: ~5.6 GB);
@@ -137,6 +138,18 @@ if [[ ! -f $wstamp || $(cat "$wstamp") != "$want_wstamp" ]]; then
     "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" -r "$LOCK" \
         "$(sed -n 's/^requires = \["\(setuptools[^"]*\)".*/\1/p' "$REPO/pyproject.toml")" wheel
     echo "$want_wstamp" >"$wstamp"
+fi
+
+# The test kit (testkit/README.md): the services harness and synthetic data generators that
+# tests/ and bench/ import. Its own distribution, not in the ncclwatch wheel or image;
+# editable, built offline from the wheelhouse above (setuptools, wheel; no dependencies).
+tstamp="$VENV/.ncclwatch-testkit-setup"
+want_tstamp="$(sha "$REPO/testkit/pyproject.toml")"
+if [[ ! -f $tstamp || $(cat "$tstamp") != "$want_tstamp" ]] \
+    || ! (cd /tmp && "$VENV/bin/python" -c 'import ncclwatch_testkit' 2>/dev/null); then
+    log "pip install -e testkit --no-deps (offline, from $WHEELHOUSE)"
+    "$VENV/bin/python" -m pip install -q --no-deps --no-index --find-links "$WHEELHOUSE" -e "$REPO/testkit"
+    echo "$want_tstamp" >"$tstamp"
 fi
 
 # ---------------------------------------------------------------- helm (Go module proxy)

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from ncclwatch import testing
-from ncclwatch.testing import Services
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.services import Services
 
 
 @pytest.fixture(scope="session")

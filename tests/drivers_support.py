@@ -19,8 +19,9 @@ from typing import Any
 
 from ncclwatch.detectors.stream import JobDetectors
 from ncclwatch.ingest.recording import order_key, record_time_ns
+from ncclwatch_testkit import services as testing
 
-from ncclwatch import routing, testing
+from ncclwatch import routing
 from ncclwatch.config import load
 from ncclwatch.records import OpRecord, ThroughputRecord, WindowSummary, to_json
 from ncclwatch.rules import bandwidths_gbs, record_id
@@ -336,7 +337,7 @@ def scenario_records(names: list[str]) -> list:
     """
     import heapq
 
-    from ncclwatch.detectors import scenarios
+    from ncclwatch_testkit import scenarios
 
     delay_ns = {"window": 10**9, "throughput": 50_000_000}
 

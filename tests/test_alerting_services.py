@@ -30,9 +30,10 @@ from ncclwatch.alerting.sink import AlertSink
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline
 from ncclwatch.ingest.metrics import ForwarderMetrics
+from ncclwatch_testkit import services as testing
 from prometheus_client import start_http_server
 
-from ncclwatch import cli, testing
+from ncclwatch import cli
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import AnomalyEvent, ThroughputRecord, WindowSummary, from_json, to_dict
 

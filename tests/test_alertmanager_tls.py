@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from ncclwatch.alerting.alertmanager import AlertmanagerClient, AlertmanagerError
 from ncclwatch.alerting.sink import AlertSink
+from ncclwatch_testkit import services as testing
 
-from ncclwatch import testing
 from ncclwatch.config import AlertingConfig, ConfigError, load
 from ncclwatch.records import from_json
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ncclwatch.dashboards import check, demo, generate, panels
+from ncclwatch.dashboards import check, generate, panels
 from ncclwatch.dashboards.check import (
     check_dashboard,
     label_values,
@@ -33,8 +33,8 @@ from ncclwatch.dashboards.check import (
     undefined_variables,
 )
 from ncclwatch.dashboards.panels import DATASOURCE_UID, DS, iter_panels, panel_queries
-
-from ncclwatch import testing
+from ncclwatch_testkit import demo
+from ncclwatch_testkit import services as testing
 
 REPO = Path(__file__).resolve().parents[1]
 UIDS = {"ncclwatch-job", "ncclwatch-comm", "ncclwatch-pipeline"}
@@ -253,7 +253,7 @@ def test_substitute_fills_variables_and_grafana_intervals():
     assert got == 'sum(rate(x{job=~"j1", comm=~".*", op=~".*"}[20s])) * 0.1'
 
 
-@pytest.mark.parametrize("module", [check, demo, generate, panels])
+@pytest.mark.parametrize("module", [check, generate, panels])
 def test_doctests(module):
     # dashboards/ is not in pytest's testpaths, so its doctests run from here
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

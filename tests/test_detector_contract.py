@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.baseline import DriftEvidence, EWMeanVar, RatioBaseline
 from ncclwatch.detectors.pipeline import Pipeline, detect_all
 from ncclwatch.detectors.straggler import StragglerScorer
 from ncclwatch.detectors.sustained import SustainedRule
+from ncclwatch_testkit import scenarios
 from river import stats as river_stats
 
 from ncclwatch.config import DetectorConfig

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline
+from ncclwatch_testkit import scenarios
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ncclwatch.config import DetectorConfig

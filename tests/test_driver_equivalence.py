@@ -35,8 +35,9 @@ from drivers_support import (
     write_spool,
 )
 from ncclwatch.ingest.recording import order_key
+from ncclwatch_testkit import services as testing
 
-from ncclwatch import cli, testing
+from ncclwatch import cli
 from ncclwatch.records import to_json
 
 pytestmark = pytest.mark.kafka

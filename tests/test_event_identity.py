@@ -5,9 +5,9 @@ event (the console line, the alert summary) says so."""
 from __future__ import annotations
 
 from ncclwatch.alerting.alerts import AlertLinks, alert_from_event
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.console import format_event
 from ncclwatch.detectors.pipeline import detect_all
+from ncclwatch_testkit import scenarios
 
 from ncclwatch.config import DetectorConfig
 

@@ -19,8 +19,8 @@ from drivers_support import (
     window_scenario,
 )
 from ncclwatch.ingest.recording import record_time_ns
+from ncclwatch_testkit import services as testing
 
-from ncclwatch import testing
 from ncclwatch.records import DropRecord, to_json
 
 pytestmark = pytest.mark.kafka

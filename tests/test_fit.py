@@ -7,10 +7,10 @@ import json
 import random
 
 import pytest
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.fit import fit_from_records
 from ncclwatch.detectors.model import BusbwModel, bus_bytes
 from ncclwatch.detectors.pipeline import Pipeline
+from ncclwatch_testkit import scenarios
 
 from ncclwatch import cli
 from ncclwatch.config import DetectorConfig

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message, message_lines
 from ncclwatch.ingest.parse import parse, to_record
-from ncclwatch.ingest.synth import stream_lines
+from ncclwatch_testkit.synth import stream_lines
 
 from ncclwatch import records
 from ncclwatch.records import (

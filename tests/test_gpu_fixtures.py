@@ -324,8 +324,8 @@ def pipeline(kafka_bootstrap, tmp_path_factory) -> dict:
         read_topic,
         topics_env,
     )
+    from ncclwatch_testkit import services as testing
 
-    from ncclwatch import testing
     from ncclwatch.records import to_json
 
     tmp = tmp_path_factory.mktemp("pipeline")

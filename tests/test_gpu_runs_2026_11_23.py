@@ -98,8 +98,7 @@ def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
     training logs) into fresh topics, then one ``ncclwatch worker`` over them; and local
     mode over the same runs."""
     from drivers_support import WorkerProcess, create_topics, read_events, topics_env
-
-    from ncclwatch import testing
+    from ncclwatch_testkit import services as testing
 
     tmp = tmp_path_factory.mktemp("gpu-runs")
     env = topics_env(kafka_bootstrap)

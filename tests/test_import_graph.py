@@ -2,21 +2,31 @@
 
 The package-dir mapping (``ncclwatch.detectors`` lives in ``detectors/``) hides these
 edges from tools, and an import inside a function is still a dependency: this test reads
-every import of the shipped modules, at any depth, from the source, and fails on an upward
-import, an import across sibling components, product code importing test support, or a
-cycle. ``LAYERS`` is the whole design, in one table; docs/architecture.md draws it.
+every import of the shipped modules and of the test kit (``ncclwatch_testkit``, in
+``testkit/``), at any depth, from the source, and fails on an upward import, an import
+across sibling components, product code importing test support, or a cycle. ``LAYERS`` is
+the whole design, in one table; docs/architecture.md draws it. The test kit is the
+support layer, outside the product: it may import the product, never the other way, and
+the wheel carries none of it.
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = {"ncclwatch": "ncclwatch", "ingest": "ncclwatch.ingest", "detectors": "ncclwatch.detectors",
-                "alerting": "ncclwatch.alerting", "dashboards": "ncclwatch.dashboards"}
+SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+# What the wheel ships, folder -> package, as pyproject.toml maps it (deploy/ is data only).
+PACKAGE_DIRS = {folder: package for package, folder in SETUPTOOLS["package-dir"].items()}
+# The test kit: its own distribution (testkit/pyproject.toml), never in the wheel.
+TESTKIT = "ncclwatch_testkit"
+SUPPORT_DIRS = {f"testkit/{TESTKIT}": TESTKIT}
+# The modules that were test support inside the package before the kit took them.
+FORMER_SUPPORT = ("ncclwatch/testing.py", "detectors/scenarios.py", "ingest/synth.py", "dashboards/demo.py")
 
 CONTRACT, LIBRARY, RUNNER, SUPPORT = 0, 1, 2, 3
 # Modules not named here take their component's default (below).
@@ -36,9 +46,11 @@ LAYERS: dict[str, int] = {
     "ncclwatch.detectors.drain": RUNNER, "ncclwatch.detectors.evaluate": RUNNER,
     "ncclwatch.dashboards.report": RUNNER, "ncclwatch.alerting.alert_test": RUNNER,
     "ncclwatch.alerting.prom_rules": RUNNER,
-    # test data and test services: shipped for now, never imported by product code
-    "ncclwatch.testing": SUPPORT, "ncclwatch.detectors.scenarios": SUPPORT,
-    "ncclwatch.ingest.synth": SUPPORT, "ncclwatch.dashboards.demo": SUPPORT,
+    # support: the test kit (test services, labelled scenarios, synthetic spools, the demo
+    # recording), outside the product; every ncclwatch_testkit module is in this layer
+    "ncclwatch_testkit": SUPPORT, "ncclwatch_testkit.services": SUPPORT,
+    "ncclwatch_testkit.scenarios": SUPPORT, "ncclwatch_testkit.synth": SUPPORT,
+    "ncclwatch_testkit.demo": SUPPORT,
 }
 # Library components may use the contract and their own modules; sinks may also read the
 # detector library's results (e.g. the report's per-rank relative exec time).
@@ -48,19 +60,27 @@ MAY_USE = {"ingest": {"ingest"}, "detectors": {"detectors"}, "alerting": {"alert
 
 def component(module: str) -> str:
     parts = module.split(".")
+    if parts[0] == TESTKIT:
+        return "support"
     return parts[1] if len(parts) > 2 and parts[1] in MAY_USE else "ncclwatch"
 
 
 def layer(module: str) -> int:
+    if component(module) == "support":
+        return SUPPORT
     return LAYERS.get(module, CONTRACT if component(module) == "ncclwatch" else LIBRARY)
 
 
-def shipped_modules() -> dict[str, Path]:
+def modules_in(dirs: dict[str, str]) -> dict[str, Path]:
     out = {}
-    for folder, package in PACKAGE_DIRS.items():
+    for folder, package in dirs.items():
         for path in sorted((REPO / folder).glob("*.py")):
             out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
     return out
+
+
+def shipped_modules() -> dict[str, Path]:
+    return modules_in(PACKAGE_DIRS)
 
 
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -80,7 +100,8 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-MODULES = shipped_modules()
+SHIPPED = shipped_modules()
+MODULES = SHIPPED | modules_in(SUPPORT_DIRS)
 GRAPH = {m: imports_of(p, MODULES) - {m} for m, p in MODULES.items()}
 
 
@@ -131,14 +152,35 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_scan_sees_the_package():
-    assert {"ncclwatch.records", "ncclwatch.detectors.pipeline", "ncclwatch.ingest.forward"} <= set(MODULES)
+    assert {"ncclwatch.records", "ncclwatch.detectors.pipeline", "ncclwatch.ingest.forward"} <= set(SHIPPED)
     assert "ncclwatch.records" in GRAPH["ncclwatch.detectors.pipeline"]
     # an import inside a function body counts
     assert "ncclwatch.ingest.throughput" in GRAPH["ncclwatch"]
+    # the test kit is scanned too, and its imports of the product are seen
+    assert {"ncclwatch_testkit.services", "ncclwatch_testkit.scenarios"} <= set(MODULES)
+    assert "ncclwatch.detectors.labels" in GRAPH["ncclwatch_testkit.scenarios"]
 
 
 def test_every_named_module_exists():
     assert set(LAYERS) <= set(MODULES), set(LAYERS) - set(MODULES)
+
+
+def test_support_is_outside_the_product():
+    # every test kit module is support, and nothing the wheel ships is
+    assert {m for m in MODULES if layer(m) == SUPPORT} == set(MODULES) - set(SHIPPED) != set()
+    assert all(m.split(".")[0] == "ncclwatch" for m in SHIPPED)
+
+
+def test_the_wheel_ships_no_test_support():
+    packages = SETUPTOOLS["packages"]
+    assert not [p for p in packages if p.split(".")[0] == TESTKIT], packages
+    assert set(packages) == set(SETUPTOOLS["package-dir"]), "every package maps to its folder"
+    assert not [d for d in SETUPTOOLS["package-dir"].values() if d.split("/")[0] == "testkit"]
+    assert [f for f in FORMER_SUPPORT if (REPO / f).exists()] == []
+    # the kit is its own distribution, holding just its package
+    kit = tomllib.loads((REPO / "testkit" / "pyproject.toml").read_text())
+    assert kit["project"]["name"] == "ncclwatch-testkit"
+    assert kit["tool"]["setuptools"]["packages"] == [TESTKIT]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -155,5 +197,7 @@ def test_the_rules_can_fail():
     assert why_not("ncclwatch.records", "ncclwatch.detectors.pipeline") == "upward import"
     assert why_not("ncclwatch.detectors.pipeline", "ncclwatch.ingest.windows") == \
         "import across library components"
-    assert why_not("ncclwatch.detectors.watch", "ncclwatch.testing") == "product code imports test support"
+    assert why_not("ncclwatch.detectors.watch", "ncclwatch_testkit.services") == "product code imports test support"
+    assert why_not("ncclwatch.records", "ncclwatch_testkit") == "product code imports test support"
+    assert why_not("ncclwatch_testkit.scenarios", "ncclwatch.detectors.labels") == ""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

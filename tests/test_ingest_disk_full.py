@@ -25,10 +25,10 @@ from ncclwatch.ingest import checkpoint
 from ncclwatch.ingest.buffer import DiskBuffer
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.synth import write_spool
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import write_spool
 from test_ingest_forward_kafka import consume, make_cfg, records_of
 
-from ncclwatch import testing
 from ncclwatch.records import OpRecord, parse_line
 
 

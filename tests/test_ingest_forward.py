@@ -9,7 +9,7 @@ import time
 from ncclwatch.ingest.buffer import DiskBuffer
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.synth import write_spool
+from ncclwatch_testkit.synth import write_spool
 
 from ncclwatch import config
 from ncclwatch.records import OpRecord, parse_line

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.synth import stream_lines, write_spool
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import stream_lines, write_spool
 
-from ncclwatch import config, testing
+from ncclwatch import config
 from ncclwatch.records import OpRecord, Quarantined, WindowSummary, parse_line
 
 pytestmark = pytest.mark.kafka
@@ -201,6 +202,28 @@ def test_packed_messages_carry_several_records_of_one_communicator(kafka_bootstr
     recs = records_of(raw)
     assert sorted(r.id for _, _, r in recs) == sorted(expected)
     assert all(k == f"{r.job}|{r.comm}".encode() for _, k, r in recs)
+
+
+def test_windows_are_packed_by_job_and_read_back_exactly_as_unpacked(kafka_bootstrap, tmp_path):
+    # two jobs on one node, so packing must also keep each job's windows in their order
+    spool = tmp_path / "spool"
+    write_spool(str(spool), job="job-a", streams=2, ops_per_stream=3000, comms=2)
+    write_spool(str(spool), job="job-b", streams=2, ops_per_stream=3000, comms=2)
+    got = {}
+    for per in (1, config.IngestConfig.windows_per_message):
+        cfg = make_cfg(kafka_bootstrap)
+        shutil.copytree(spool, tmp_path / f"spool-{per}")
+        run_once(cfg, tmp_path / f"run-{per}", tmp_path / f"spool-{per}", windows_per_message=per)
+        raw = consume(kafka_bootstrap, cfg.topics.windows)
+        got[per] = raw, [(p, k, r) for p, k, r in records_of(raw)]
+    (one, unpacked), (packed_raw, packed) = got[1], got[config.IngestConfig.windows_per_message]
+    assert all(b"\n" not in v for _, _, v in one)
+    assert len(one) >= 20 and len(packed_raw) <= len(one) / 3  # windows that closed together share a message
+    assert max(v.count(b"\n") + 1 for _, _, v in packed_raw) <= config.IngestConfig.windows_per_message
+    assert all(k == r.job.encode() for _, k, r in packed)
+    # the same windows, in the same order per partition (one job is one key)
+    for job in ("job-a", "job-b"):
+        assert [r for _, _, r in packed if r.job == job] == [r for _, _, r in unpacked if r.job == job]
 
 
 def _forward_cmd(spool: Path, state: Path, *extra: str) -> list[str]:

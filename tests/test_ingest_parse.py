@@ -6,7 +6,7 @@ import json
 
 import pytest
 from ncclwatch.ingest.parse import parse, parse_record, to_record
-from ncclwatch.ingest.synth import stream_lines
+from ncclwatch_testkit.synth import stream_lines
 
 from ncclwatch import records
 from ncclwatch.records import (

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 from ncclwatch.ingest import kafka_sink
-from ncclwatch.ingest.synth import write_spool
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import write_spool
 
-from ncclwatch import config, testing
+from ncclwatch import config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

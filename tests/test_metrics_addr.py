@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from ncclwatch import testing
+from ncclwatch_testkit import services as testing
 
 METRICS_LINE = re.compile(r"metrics on https?://([0-9.]+):(\d+)/metrics|event=metrics_listening addr=(\S+) port=(\d+)")
 
@@ -78,7 +77,7 @@ def assert_identifies_itself(text: str, component: str) -> None:
 
 
 def test_watch_says_whether_its_input_is_live_so_the_lag_rule_skips_replays(tmp_path):
-    from ncclwatch.ingest.synth import write_spool
+    from ncclwatch_testkit.synth import write_spool
 
     spool = tmp_path / "spool"
     write_spool(str(spool), streams=2, ops_per_stream=2000)

@@ -23,10 +23,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ncclwatch_testkit import services as testing
 from test_alertmanager_tls import bcrypt, make_pki
 from test_metrics_addr import serving
 
-from ncclwatch import testing
 from ncclwatch.config import ConfigError
 from ncclwatch.exposition import WebConfig
 

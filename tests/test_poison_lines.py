@@ -29,11 +29,12 @@ from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.parse import parse
-from ncclwatch.ingest.synth import stream_lines
-from ncclwatch.ingest.synth import write_spool as synth_spool
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import stream_lines
+from ncclwatch_testkit.synth import write_spool as synth_spool
 from test_ingest_forward_kafka import consume, make_cfg, records_of
 
-from ncclwatch import cli, records, testing
+from ncclwatch import cli, records
 from ncclwatch.records import OpRecord, PluginStats, Quarantined, to_json
 
 GOOD_OP = json.loads(stream_lines(job="job-1", host="node001", pid=1000, gpu="GPU-0000", rank=0, n=1)[0])

@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from ncclwatch import cli
 from ncclwatch.ingest import recording
 from ncclwatch.ingest.recording import (
     Options,
@@ -21,6 +19,8 @@ from ncclwatch.ingest.recording import (
     iter_records,
     order_key,
 )
+
+from ncclwatch import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RUNS = ROOT / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"

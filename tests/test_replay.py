@@ -19,8 +19,9 @@ from drivers_support import (
     window_scenario,
 )
 from ncclwatch.ingest.recording import record_time_ns
+from ncclwatch_testkit import services as testing
 
-from ncclwatch import cli, testing
+from ncclwatch import cli
 from ncclwatch.records import to_json
 
 T0_NS = 1_763_800_000 * 10**9

@@ -7,8 +7,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from ncclwatch.dashboards.demo import write_demo_spool
 from ncclwatch.dashboards.run import Interval, anomaly_intervals
+from ncclwatch_testkit.demo import write_demo_spool
 
 from ncclwatch import cli
 from ncclwatch.records import AnomalyEvent, to_json

@@ -14,8 +14,7 @@ import pytest
 from drivers_support import config_of, topics_env
 from ncclwatch.detectors import faust_app
 from ncclwatch.ingest import kafka_sink
-
-from ncclwatch import testing
+from ncclwatch_testkit import services as testing
 
 pytestmark = pytest.mark.kafka
 

@@ -10,9 +10,9 @@ prints the table; a failure prints it.
 from __future__ import annotations
 
 import pytest
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.evaluate import evaluate, percentile, table
 from ncclwatch.detectors.pipeline import detect_all
+from ncclwatch_testkit import scenarios
 
 from ncclwatch.config import DetectorConfig
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from drivers_support import WorkerProcess, create_topics, publish, topics_env, window_scenario, write_spool
-
-from ncclwatch import testing
+from ncclwatch_testkit import services as testing
 
 pytestmark = pytest.mark.kafka
 
@@ -60,7 +59,7 @@ def refused_url() -> str:
 
 
 def test_forwarder_logs_no_secret_at_debug(env, kafka_bootstrap, tmp_path):
-    from ncclwatch.ingest.synth import write_spool as synth_spool
+    from ncclwatch_testkit.synth import write_spool as synth_spool
 
     synth_spool(str(tmp_path / "spool"), streams=1, ops_per_stream=200)
     done = run_cli(env, "forward", "--once", "--spool", str(tmp_path / "spool"), "--state-dir",

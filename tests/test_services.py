@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
-from ncclwatch import testing
-from ncclwatch.testing import Services
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.services import Services
 
 CONSUMER_KW = {
     "session_timeout_ms": 6000,

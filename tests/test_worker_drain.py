@@ -25,8 +25,7 @@ from drivers_support import (
     window_scenario,
 )
 from ncclwatch.detectors.faust_app import DEFAULT_APP_ID
-
-from ncclwatch import testing
+from ncclwatch_testkit import services as testing
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

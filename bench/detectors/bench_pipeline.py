@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/detectors/bench_pipeline.py --repeats 5 --out docs/bench/detectors.md
 
-Throughput: synthetic streams from ``ncclwatch.detectors.scenarios`` (healthy, with
+Throughput: synthetic streams from ``ncclwatch_testkit.scenarios`` (healthy, with
 throughput records; generation is not timed), fed record by record to a fresh
 ``Pipeline`` (``process`` for each record, ``flush`` at the end), per topology, without
 and with ``DetectorMetrics`` bound. Rates are window summaries per CPU-second of this
@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from ncclwatch.detectors import scenarios
 from ncclwatch.detectors.evaluate import evaluate, percentile
 from ncclwatch.detectors.metrics import DetectorMetrics
 from ncclwatch.detectors.pipeline import Pipeline, detect_all
+from ncclwatch_testkit import scenarios
 
 from ncclwatch.config import DetectorConfig
 

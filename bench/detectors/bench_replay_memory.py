@@ -1,7 +1,7 @@
 """Peak memory of the commands that replay a recording, by recording length.
 
 Each command runs in a fresh process over a synthetic plugin spool (8 streams, 4
-communicators, ``ingest.synth.write_spool``) and is measured by the kernel: peak
+communicators, ``ncclwatch_testkit.synth.write_spool``) and is measured by the kernel: peak
 resident set (``ru_maxrss`` of the child), CPU seconds (user + sys) and wall seconds.
 
 - ``watch``: ``ncclwatch watch SPOOL --speed 0`` (local mode replaying at full speed);
@@ -48,7 +48,7 @@ sys.exit(cli.main(sys.argv[2:]))
 
 def spool_of(n: int, cache: Path) -> Path:
     """A spool of ``n`` op records (rounded down to 8 streams), written once per size."""
-    from ncclwatch.ingest.synth import write_spool
+    from ncclwatch_testkit.synth import write_spool
 
     d = cache / f"spool-{n}"
     if not (d / "done").exists():

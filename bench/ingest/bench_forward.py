@@ -28,9 +28,10 @@ import time
 
 from ncclwatch.ingest.forward import Forwarder, Options
 from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.synth import write_spool
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import write_spool
 
-from ncclwatch import config, testing
+from ncclwatch import config
 
 CONFIGS = [
     # (ops_per_message, compression, batch_size)

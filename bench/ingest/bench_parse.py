@@ -14,8 +14,8 @@ import argparse
 import statistics
 import time
 
-from ncclwatch.detectors import scenarios
 from ncclwatch.ingest.parse import parse_record
+from ncclwatch_testkit import scenarios
 
 from ncclwatch.records import parse_line, to_json
 

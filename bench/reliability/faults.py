@@ -39,9 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ncclwatch.ingest.synth import stream_lines
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import stream_lines
 
-from ncclwatch import testing
 from ncclwatch.records import OpRecord, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,8 +186,8 @@ def run_worker_kill9(work: Path) -> dict:
     the end. Its anomaly events are compared with an uninterrupted worker's on the same
     input (events are at-least-once: a duplicate is the same (id, state) again)."""
     from kafka import KafkaAdminClient, KafkaProducer
-    from ncclwatch.detectors import scenarios
     from ncclwatch.ingest.recording import record_time_ns
+    from ncclwatch_testkit import scenarios
 
     from ncclwatch import config
     from ncclwatch.records import to_json

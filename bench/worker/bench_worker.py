@@ -36,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ncclwatch import config, testing
+from ncclwatch_testkit import services as testing
+
+from ncclwatch import config
 from ncclwatch.records import to_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,8 +72,8 @@ def env_for(bootstrap: str, prefix: str, partitions: int) -> dict[str, str]:
 def window_messages(n: int, per_message: int = 1) -> list[tuple[str, bytes, bytes, int]]:
     """(topic kind, key, value, timestamp ms) for ~n windows: copies of a healthy 2x8 job,
     ``per_message`` consecutive windows of a job packed into one message (JSON Lines)."""
-    from ncclwatch.detectors import scenarios
     from ncclwatch.ingest.recording import record_time_ns
+    from ncclwatch_testkit import scenarios
 
     base, _ = scenarios.generate(scenarios.by_name("steady_2x8"))
     n_windows = sum(1 for r in base if r.KIND == "window")

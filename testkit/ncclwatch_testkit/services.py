@@ -34,8 +34,8 @@ SERVICE_NAMES = ("kafka", "prometheus", "alertmanager", "node-exporter")
 
 
 def repo_root() -> Path:
-    """The checkout this module lives in (``ncclwatch/`` is a top-level directory)."""
-    return Path(__file__).resolve().parent.parent
+    """The checkout this module lives in (it is ``testkit/ncclwatch_testkit/services.py``)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def services_script() -> Path:
@@ -189,7 +189,7 @@ def kafka_create_topic(
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="ncclwatch-testing")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="ncclwatch-testkit")
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
             admin.create_topics(

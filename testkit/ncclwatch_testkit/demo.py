@@ -1,6 +1,6 @@
 """A synthetic recording to see the dashboards and reports without a GPU.
 
-    python -m ncclwatch.dashboards.demo --out var/spool
+    python -m ncclwatch_testkit.demo --out var/spool
     ncclwatch watch var/spool --speed 5    # or: docker compose up, whose forwarder reads it
 
 Writes a spool directory the way the plugin and ``report_throughput`` write one: a job of
@@ -234,7 +234,7 @@ def write_demo_spool(
     labels = LabelSet(
         scenario="demo",
         job=job,
-        description="ncclwatch.dashboards.demo: a straggler, then a degraded network path",
+        description="ncclwatch_testkit.demo: a straggler, then a degraded network path",
         labels=[
             Label(
                 start_ns=t0_ns + straggler_s[0] * 10**9, end_ns=t0_ns + straggler_s[1] * 10**9,

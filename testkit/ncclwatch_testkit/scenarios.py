@@ -2,8 +2,8 @@
 
 A :class:`Scenario` is a job topology (nodes x GPUs per node), a duration and a list of
 :class:`Fault` s; :func:`generate` turns it, deterministically from its seed, into the
-records the forwarder would publish and the :class:`~.labels.LabelSet` saying what a
-perfect detector would report. :func:`suite` is the standard set the tests and
+records the forwarder would publish and the :class:`~ncclwatch.detectors.labels.LabelSet`
+saying what a perfect detector would report. :func:`suite` is the standard set the tests and
 ``docs/evaluation.md`` use.
 
 How the stream is simulated (per 1 s window, ``ops_per_s`` ops per key):
@@ -28,7 +28,7 @@ How the stream is simulated (per 1 s window, ``ops_per_s`` ops per key):
 - each node's forwarder publishes a window ~1-2 s after it ends, so records of
   different nodes interleave as they would in Kafka.
 
-``python -m ncclwatch.detectors.scenarios write DIR`` writes every suite scenario as
+``python -m ncclwatch_testkit.scenarios write DIR`` writes every suite scenario as
 ``DIR/<name>.records.jsonl`` (input for ``ncclwatch watch``/``replay``) and
 ``DIR/<name>.labels.json``.
 """
@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ncclwatch.detectors.labels import Label, LabelSet
+from ncclwatch.detectors.model import bus_bytes
 
 from ncclwatch.records import DropRecord, ThroughputRecord, WindowSummary, to_json
 from ncclwatch.rules import comm_hex, fnv1a64, size_bucket, transport_class
-
-from .labels import Label, LabelSet
-from .model import bus_bytes
 
 STREAM_START_NS = 1_763_800_000 * 10**9  # a whole second, so windows align
 # alpha (ns), beta (bus GB/s) per transport class: NVLink inside a node, a 400G-class
@@ -429,7 +428,7 @@ def labels_for(sc: Scenario, comms: list[Comm] | None = None,
         labels=labels,
         description=sc.description,
         meta={
-            "generator": "ncclwatch.detectors.scenarios",
+            "generator": "ncclwatch_testkit.scenarios",
             "seed": sc.seed,
             "topology": {"nodes": sc.nodes, "gpus_per_node": sc.gpus_per_node},
             "stream_start_ns": STREAM_START_NS,
@@ -549,7 +548,7 @@ def write(sc: Scenario, out_dir: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ncclwatch.detectors.scenarios")
+    ap = argparse.ArgumentParser(prog="python -m ncclwatch_testkit.scenarios")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the suite's scenarios")
     w = sub.add_parser("write", help="write records and labels of the suite's scenarios")
