@@ -266,9 +266,12 @@ def read_files(
     until_ns: int | None,
     stats: ReadStats,
     options: Options | None = None,
+    *,
+    fast: bool = False,
 ) -> SortedRecording:
     """The records of the recordings whose record time is in the range, in time order
-    and bounded memory (enter it to read; :class:`SortedRecording`).
+    and bounded memory (enter it to read; :class:`SortedRecording`; ``fast``: records
+    may be the parser's structs, enough to route and copy them).
 
     Lines that are not valid records are left out and counted: there is nothing to
     order them by, and no destination wants them.
@@ -278,7 +281,8 @@ def read_files(
         t = record_time_ns(rec)
         return (since_ns is None or t >= since_ns) and (until_ns is None or t < until_ns)
 
-    return SortedRecording(paths, stats, options, keep=None if since_ns is None and until_ns is None else in_range)
+    keep = None if since_ns is None and until_ns is None else in_range
+    return SortedRecording(paths, stats, options, keep=keep, fast=fast)
 
 
 def file_items(recording: SortedRecording) -> Iterator[Item]:
@@ -341,7 +345,8 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         else:
             options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
             try:
-                recording = stack.enter_context(read_files(args.files, since_ns, until_ns, ReadStats(), options))
+                recording = stack.enter_context(
+                    read_files(args.files, since_ns, until_ns, ReadStats(), options, fast=not args.detect))
             except RecordingError as e:
                 return fail(str(e))
             for note in recording.stats.notes():

@@ -77,7 +77,8 @@ class Options:
     job: str = ""
     once: bool = False
     delete_acked: bool = True
-    ops_per_message: int = 100  # packed: docs/ingest.md, "Topics and keys"
+    ops_per_message: int = _ING.ops_per_message
+    windows_per_message: int = _ING.windows_per_message
     window_s: float = _ING.window_s
     batch_size: int = _ING.batch_size
     linger_ms: int = _ING.linger_ms
@@ -352,9 +353,19 @@ class Forwarder:
             self.stream_srcs[key].add(src)
 
     def _emit_windows(self, closed: list, out: list) -> None:
+        """Windows onto ``out``, packed: one that closes right after a window of the same
+        job joins its message (up to ``windows_per_message``), so a partition still gets
+        its records in the order they closed."""
         wt = topic_for(self.topics, "window")
+        k = self.opts.windows_per_message
         for s in closed:
-            out.append((wt, key_for(s), to_json(s).encode()))
+            key, value = key_for(s), to_json(s).encode()
+            if k > 1 and out:
+                topic, last_key, last = out[-1]
+                if topic == wt and last_key == key and last.count(b"\n") + 1 < k:
+                    out[-1] = (wt, key, last + b"\n" + value)
+                    continue
+            out.append((wt, key, value))
 
     def _prune(self, key: tuple) -> None:
         before = self.windowers[key[0]].closed_before_ns(key[1])
@@ -1167,9 +1178,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="checkpoint and buffer directory (default: config)")
     p.add_argument("--node-id", default=socket.gethostname(), help="node id (default: hostname)")
     p.add_argument("--job", default="", help="job id for Inspector and training-log records")
-    p.add_argument("--ops-per-message", type=int, default=100,
+    p.add_argument("--ops-per-message", type=int,
                    help="pack up to N op records of one communicator and batch into one Kafka "
-                        "message (newline-separated JSON lines; default 100, 1 = unpacked)")
+                        "message (newline-separated JSON lines; default: config, 100; 1 = unpacked)")
+    p.add_argument("--windows-per-message", type=int,
+                   help="pack up to N window summaries of one job that close together into one "
+                        "Kafka message (default: config, 50; 1 = unpacked)")
     p.add_argument("--batch-size", type=int, help="lines per batch (default: config)")
     p.add_argument("--compression", help="none, gzip, lz4, ... (default: config)")
     p.add_argument("--metrics-port", type=int,
@@ -1191,7 +1205,8 @@ def options_from(args: argparse.Namespace, cfg: Config) -> Options:
         job=args.job,
         once=args.once,
         delete_acked=args.delete_acked,
-        ops_per_message=max(1, args.ops_per_message),
+        ops_per_message=max(1, args.ops_per_message or ing.ops_per_message),
+        windows_per_message=max(1, args.windows_per_message or ing.windows_per_message),
         window_s=ing.window_s,
         batch_size=args.batch_size or ing.batch_size,
         linger_ms=ing.linger_ms,

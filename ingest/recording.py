@@ -49,15 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
-from ncclwatch.ingest.parse import parse_record
+from ncclwatch.ingest.parse import parse as fast_parse
+from ncclwatch.ingest.parse import parse_record, to_record
 from ncclwatch.ingest.trainlog import DEFAULT_REGEX, RankMerge, ThroughputParser
 
 from ncclwatch.records import (
-    AnomalyEvent,
-    OpRecord,
     Quarantined,
     ThroughputRecord,
-    WindowSummary,
     to_json,
 )
 
@@ -84,12 +82,14 @@ def record_time_ns(record: Any) -> int:
     """The stream time a record stands for: when it became true.
 
     An op counts when it ended, a window at its end, everything else at its timestamp.
+    Told by ``KIND``, so the parser's fast structs (same fields) are timed alike.
     """
-    if isinstance(record, OpRecord):
+    kind = record.KIND
+    if kind == "op":
         return record.start_ns + record.exec_ns
-    if isinstance(record, WindowSummary):
+    if kind == "window":
         return record.end_ns
-    if isinstance(record, AnomalyEvent):
+    if kind == "anomaly":
         return record.detected_ns
     return record.ts_ns
 
@@ -360,7 +360,9 @@ def iter_records(
 
     ``raw`` is the line as written for spool records and the contract JSON of the
     record for what was mapped (Inspector ops, training-log throughput). Bad lines are
-    counted in ``stats`` and left out.
+    counted in ``stats`` and left out. Spool records may come as the fast parser's
+    structs (:func:`ncclwatch.ingest.parse.parse`: same fields and ``KIND``, half the
+    cost); :func:`~ncclwatch.ingest.parse.to_record` makes them contract dataclasses.
     """
     options = options or Options()
     paths = [Path(p) for p in paths]
@@ -378,8 +380,8 @@ def iter_records(
             for f in src.spool:
                 stats.files[SPOOL] = stats.files.get(SPOOL, 0) + 1
                 for source, raw, offset in iter_recording_lines(f, stats):
-                    rec = parse_record(raw, source=source, offset=offset)
-                    if isinstance(rec, Quarantined):
+                    rec = fast_parse(raw, source=source, offset=offset)
+                    if type(rec) is Quarantined:
                         stats.quarantine(rec)
                         continue
                     spool_jobs.add(getattr(rec, "job", ""))
@@ -460,7 +462,9 @@ class SortedRecording:
     ``run_records`` records are sorted in memory; beyond that sorted runs go to a
     temporary directory (lz4, the lines as read with their sort key) and are merged from
     there, so memory stays flat whatever the length. ``keep`` leaves records out before
-    they are counted or held.
+    they are counted or held. Records are contract dataclasses; with ``fast`` they may
+    be the fast parser's structs (for what only routes or copies them: no dataclass to
+    build, half the parse).
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp())
@@ -480,12 +484,14 @@ class SortedRecording:
         *,
         keep: Callable[[Any], bool] | None = None,
         run_records: int | None = None,
+        fast: bool = False,
     ) -> None:
         self.paths = list(paths)
         self.stats = stats if stats is not None else ReadStats()
         self.options = options
         self.keep = keep
         self.run_records = max(1, run_records or SORT_RUN_RECORDS)
+        self.fast = fast
         self.total = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
@@ -569,19 +575,22 @@ class SortedRecording:
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes, Any]]:
         if not self._run_paths:
+            convert = _same if self.fast else to_record
             for _, _, _, src, offset, raw, rec in self._memory:
-                yield self._sources[src], offset, raw, rec
+                yield self._sources[src], offset, raw, convert(rec)
             self._memory = []
             return
         import lz4.frame
+
+        parse = fast_parse if self.fast else parse_record
 
         with ExitStack() as files:
             runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
             for line in heapq.merge(*runs):
                 src, offset, raw = line[_KEY_WIDTH + 1 : -1].split(b" ", 2)
                 source = self._sources[int(src)]
-                rec = parse_record(raw, source=source, offset=int(offset))
-                if isinstance(rec, Quarantined):  # it parsed once: the spill file was damaged
+                rec = parse(raw, source=source, offset=int(offset))
+                if type(rec) is Quarantined:  # it parsed once: the spill file was damaged
                     self.stats.quarantine(rec)
                     continue
                 yield source, int(offset), raw, rec
@@ -590,6 +599,10 @@ class SortedRecording:
 # Spilled lines start with time (shifted to be positive: 20 digits), kind (1), read order (12).
 _T_SHIFT = 1 << 63
 _KEY_WIDTH = 20 + 1 + 12
+
+
+def _same(rec: Any) -> Any:
+    return rec
 
 
 def _entry_key(e: tuple[int, int, int, int, int, bytes, Any]) -> tuple[int, int, int]:

@@ -133,6 +133,11 @@ class IngestConfig:
     batch_size: int = 2000
     linger_ms: int = 20
     compression: str = "lz4"  # none, gzip, lz4 (lz4 costs ~0.25 us/record, gzip-9 ~13 us)
+    # Records packed into one Kafka message (JSON lines, docs/ingest.md "Topics and keys"):
+    # op records of one communicator, and window summaries of one job that close together.
+    # Kafka and Faust cost per message, not per byte; 1 = one record per message.
+    ops_per_message: int = 100
+    windows_per_message: int = 50
     buffer_max_bytes: int = 256 * 1024 * 1024
     inspector_dirs: str = ""  # comma-separated NCCL Inspector output dirs to tail
     training_log: str = ""  # comma-separated training logs or globs (one file per rank)
@@ -155,6 +160,9 @@ class IngestConfig:
     metrics_web_config: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("ops_per_message", "windows_per_message"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ingest.{name} must be at least 1, got {getattr(self, name)}")
         if self.spool_trust not in SPOOL_TRUST:
             raise ValueError(f"ingest.spool_trust must be one of {', '.join(SPOOL_TRUST)}, "
                              f"got {self.spool_trust!r}")
