@@ -303,6 +303,7 @@ class Worker:
         self.crashed: BaseException | None = None
         self.sink: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-alerts")
+        self.commits = GroupCommits(cfg.kafka.client_kwargs(), app_id)
         self.reset()
         self._wire()
 
@@ -382,13 +383,13 @@ class Worker:
         """An input partition with nothing left on the broker holds nothing back, even
         if it never delivered a message (it was empty, or read before a restart)."""
         consumer = self.app.consumer
-        committed = getattr(consumer, "_committed_offset", {})
+        self.commits.refresh()
         inputs = {self.names["windows"], self.names["throughput"], self.names["telemetry"]}
         for tp in consumer.assignment():
             if tp.topic not in inputs:
                 continue
             highwater = consumer.highwater(tp)
-            read = max(self._read_upto.get(tp, 0), committed.get(tp) or 0)
+            read = max(self._read_upto.get(tp, 0), self.commits.get(tp))
             if highwater is not None and highwater <= read:
                 self.core.merge.progress((tp.topic, tp.partition), False)
 
@@ -439,17 +440,16 @@ class Worker:
 
         Per ``nccl.ops`` partition this worker owns: processed up to its high-water mark
         (what the telemetry agent acknowledged this session, else the group's committed
-        offset, Faust's own record of it seeded at assignment; messages fetched but still
-        in Faust's buffers do not count), or else how far in time it has been read (the
-        time of the last message processed; nothing read yet: no time at all).
+        offset as the broker has it; messages fetched but still in Faust's buffers do not
+        count), or else how far in time it has been read (the time of the last message
+        processed; nothing read yet: no time at all).
         """
         consumer = self.app.consumer
-        committed = getattr(consumer, "_committed_offset", {})
         behind, bound = False, 1 << 62
         for tp in consumer.assignment():
             if tp.topic != self.names["ops"]:
                 continue
-            done = max(self._ops_done.get(tp, 0), committed.get(tp) or 0)
+            done = max(self._ops_done.get(tp, 0), self.commits.get(tp))
             highwater = consumer.highwater(tp)
             if highwater is None or highwater > done:
                 behind = True
@@ -602,6 +602,51 @@ def _start_metrics(w: Worker, port: int | None) -> None:
     print(f"metrics on {server.url}", file=sys.stderr, flush=True)
 
 
+class GroupCommits:
+    """The consumer group's committed offsets as the broker has them, looked up off the
+    event loop at most once per :meth:`refresh` (the worker's tick, twice a second).
+
+    Faust keeps its own copy in a private attribute; the broker's answer, through
+    kafka-python's public admin API, is the same offsets a moment later. Until the first
+    answer nothing counts as committed, which only holds the detectors back a little
+    longer at start. A failed look keeps the last answer.
+    """
+
+    def __init__(self, client_kwargs: dict[str, Any], group: str):
+        self._kwargs = client_kwargs
+        self._group = group
+        self._offsets: Any = None
+        self._snapshot: dict[tuple[str, int], int] = {}
+        self._busy = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-offsets")
+
+    def refresh(self) -> None:
+        if not self._busy:
+            self._busy = True
+            self._executor.submit(self._look)
+
+    def _look(self) -> None:
+        from ncclwatch.detectors.drain import KafkaOffsets
+
+        try:
+            if self._offsets is None:
+                self._offsets = KafkaOffsets(self._kwargs)
+            self._snapshot = self._offsets.committed(self._group)
+        except Exception as e:  # the broker busy or electing: the next look decides
+            log.warning("could not read the group's committed offsets: %s", e)
+        finally:
+            self._busy = False
+
+    def get(self, tp: Any) -> int:
+        """The next offset the group will read from ``tp`` (0: none committed, or not known yet)."""
+        return self._snapshot.get((tp.topic, tp.partition), 0)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._offsets is not None:
+            self._offsets.close()
+
+
 UNPOSITIONED_GRACE_S = 60.0
 
 
@@ -722,6 +767,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
             flush=True,
         )
         w._executor.shutdown(wait=True)
+        w.commits.close()
         if w.sink is not None:
             w.sink.close()
         if drain is not None:
