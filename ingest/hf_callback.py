@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ncclwatch.ingest.tflops import StepReporter, TflopsMeter, dense_flops_per_token
+from ncclwatch.ingest.tflops import StepReporter, TflopsMeter
 from ncclwatch.ingest.throughput import report_throughput
 
 try:
@@ -61,33 +61,21 @@ class NcclwatchTrainerCallback(TrainerCallback):
         clock: Callable[[], float] = time.perf_counter,
     ):
         self._reporter = StepReporter(
-            report, every_n_steps=every_n_steps, all_ranks=all_ranks,
+            report, every_n_steps=every_n_steps, all_ranks=all_ranks, clock=clock,
             missing="set include_num_input_tokens_seen=True, or give "
                     "NcclwatchTrainerCallback seq_len, tokens_per_step or flops_per_step")
         self.flops_per_step = flops_per_step
         self.flops_per_token = flops_per_token
         self.tokens_per_step = tokens_per_step
         self.seq_len = seq_len
-        self.every_n_steps = every_n_steps
-        self.all_ranks = all_ranks
-        self.report = report
-        self.clock = clock
         self._meter: TflopsMeter | None = None
         self._tokens_seen = 0
         self._world = 1
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        per_token = self.flops_per_token
-        if per_token is None and self.flops_per_step is None and model is not None:
-            if hasattr(model, "num_parameters"):
-                params = model.num_parameters(exclude_embeddings=True)
-            else:
-                params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            per_token = dense_flops_per_token(params) if params else None
-        self._meter = TflopsMeter(
-            flops_per_batch=self.flops_per_step, flops_per_token=per_token, clock=self.clock
-        )
-        self._meter.start()
+        self._meter = self._reporter.start_meter(
+            flops_per_batch=self.flops_per_step, flops_per_token=self.flops_per_token,
+            trainable_params=lambda: _trainable_params(model))
         self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
         self._world = max(1, int(getattr(args, "world_size", 1)))
 
@@ -109,3 +97,11 @@ class NcclwatchTrainerCallback(TrainerCallback):
         self._reporter.step_done(self._meter.finish_step(), step=state.global_step,
                                  is_main=state.is_world_process_zero, rank=args.process_index,
                                  world=self._world)
+
+
+def _trainable_params(model: Any) -> int:
+    if model is None:
+        return 0
+    if hasattr(model, "num_parameters"):
+        return int(model.num_parameters(exclude_embeddings=True))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ncclwatch.ingest.tflops import StepReporter, TflopsMeter, dense_flops_per_token
+from ncclwatch.ingest.tflops import StepReporter, TflopsMeter
 from ncclwatch.ingest.throughput import report_throughput
 
 try:
@@ -74,30 +74,21 @@ class NcclwatchCallback(Callback):
         clock: Callable[[], float] = time.perf_counter,
     ):
         self._reporter = StepReporter(
-            report, every_n_steps=every_n_steps, all_ranks=all_ranks,
+            report, every_n_steps=every_n_steps, all_ranks=all_ranks, clock=clock,
             missing="give NcclwatchCallback flops_per_batch, or tokens_per_batch "
                     "(batches without input_ids)")
         super().__init__()
         self.flops_per_batch = flops_per_batch
         self.flops_per_token = flops_per_token
         self.tokens_per_batch = tokens_per_batch
-        self.every_n_steps = every_n_steps
-        self.all_ranks = all_ranks
-        self.report = report
-        self.clock = clock
         self._meter: TflopsMeter | None = None
         self._step = 0
         self._world = 1
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        per_token = self.flops_per_token
-        if per_token is None and self.flops_per_batch is None:
-            params = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
-            per_token = dense_flops_per_token(params) if params else None
-        self._meter = TflopsMeter(
-            flops_per_batch=self.flops_per_batch, flops_per_token=per_token, clock=self.clock
-        )
-        self._meter.start()
+        self._meter = self._reporter.start_meter(
+            flops_per_batch=self.flops_per_batch, flops_per_token=self.flops_per_token,
+            trainable_params=lambda: sum(p.numel() for p in pl_module.parameters() if p.requires_grad))
         self._step = trainer.global_step
         self._world = max(1, int(getattr(trainer, "world_size", 1)))
 

@@ -138,14 +138,27 @@ class StepReporter:
     """
 
     def __init__(self, report: Callable[..., None], *, every_n_steps: int, all_ranks: bool,
-                 missing: str):
+                 missing: str, clock: Callable[[], float] = time.perf_counter):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps!r}")
         self.report = report
         self.every_n_steps = every_n_steps
         self.all_ranks = all_ranks
         self.missing = missing
+        self.clock = clock
         self._warned = False
+
+    def start_meter(self, *, flops_per_batch: float | None, flops_per_token: float | None,
+                    trainable_params: Callable[[], int]) -> TflopsMeter:
+        """A started meter: FLOPs per batch as given, else per token as given, else a
+        dense model's per token from the trainable parameters (only then counted)."""
+        per_token = flops_per_token
+        if per_token is None and flops_per_batch is None:
+            params = trainable_params()
+            per_token = dense_flops_per_token(params) if params else None
+        meter = TflopsMeter(flops_per_batch=flops_per_batch, flops_per_token=per_token, clock=self.clock)
+        meter.start()
+        return meter
 
     def step_done(self, result: tuple[float, float | None] | None, *, step: int, is_main: bool,
                   rank: int, world: int) -> None:
