@@ -61,13 +61,59 @@ COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "st
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 
 
+class Streak:
+    """A key's degraded windows before its rule fires: what the anomaly starts with.
+
+    >>> st = Streak()
+    >>> st.add(0.2, 80.0, 100.0, drift=False); st.add(0.4, 60.0, 100.0, drift=True)
+    >>> (st.windows, st.mean_effect(), st.peak, st.observed_sum, st.drift)
+    (2, 0.30000000000000004, 0.4, 140.0, True)
+    >>> Streak.from_state(st.to_state()).to_state() == st.to_state()
+    True
+    """
+
+    __slots__ = ("windows", "effect_sum", "peak", "observed_sum", "baseline_sum", "drift")
+
+    def __init__(self) -> None:
+        self.windows = 0
+        self.effect_sum = 0.0
+        self.peak = 0.0
+        self.observed_sum = 0.0
+        self.baseline_sum = 0.0
+        self.drift = False  # Page-Hinkley saw the key drift down during the streak
+
+    def add(self, effect: float, observed: float, baseline: float, *, drift: bool) -> None:
+        self.windows += 1
+        self.effect_sum += effect
+        if effect > self.peak:
+            self.peak = effect
+        self.observed_sum += observed
+        self.baseline_sum += baseline
+        if drift:
+            self.drift = True
+
+    def mean_effect(self) -> float | None:
+        return self.effect_sum / self.windows if self.windows else None
+
+    def to_state(self) -> list:
+        # a list, as state files have always held it
+        return [self.windows, self.effect_sum, self.peak, self.observed_sum, self.baseline_sum, self.drift]
+
+    @classmethod
+    def from_state(cls, st: list) -> Streak:
+        obj = cls()
+        (obj.windows, obj.effect_sum, obj.peak, obj.observed_sum, obj.baseline_sum, drift) = st
+        obj.drift = bool(drift)
+        return obj
+
+
 class KeyState:
     """Everything the pipeline knows about one (comm, op, size_bucket, transport) of a job."""
 
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
         "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
-        "closed_before", "last_end_ns", "last_effect", "last_observed", "acc", "hold",
+        "closed_before", "last_end_ns", "last_effect", "last_observed", "streak", "hold",
         "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
         "spread_incident",
     )
@@ -92,9 +138,7 @@ class KeyState:
         self.last_end_ns = -1
         self.last_effect = 0.0
         self.last_observed: float | None = None
-        # The current degraded streak before it fires: [windows, effect sum, peak,
-        # observed sum, baseline sum, Page-Hinkley fired].
-        self.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        self.streak = Streak()  # the current degraded streak, before it fires
         # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
         # they belong to the anomaly only if the streak breaks.
         self.hold: list[list[float]] = []
@@ -152,7 +196,7 @@ class KeyState:
             "last_end": self.last_end_ns,
             "last_effect": self.last_effect,
             "last_observed": self.last_observed,
-            "acc": list(self.acc),
+            "acc": self.streak.to_state(),
             "hold": [list(h) for h in self.hold],
             "unlearned": list(self.unlearned),
             "frozen_until": self.frozen_until,
@@ -186,7 +230,7 @@ class KeyState:
         obj.last_end_ns = st["last_end"]
         obj.last_effect = st["last_effect"]
         obj.last_observed = st["last_observed"]
-        obj.acc = list(st["acc"])
+        obj.streak = Streak.from_state(st["acc"])
         obj.hold = [list(h) for h in st["hold"]]
         obj.unlearned = list(st["unlearned"])
         obj.frozen_until = st["frozen_until"]
@@ -515,17 +559,9 @@ class Pipeline:
                 if degraded and ks.drift.drift_detected:
                     inc.drift = True
         elif degraded:
-            acc = ks.acc
-            acc[0] += 1
-            acc[1] += effect
-            if effect > acc[2]:
-                acc[2] = effect
-            acc[3] += obs
-            acc[4] += b
-            if ks.drift.drift_detected:
-                acc[5] = True
-        elif ks.acc[0]:
-            ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+            ks.streak.add(effect, obs, b, drift=ks.drift.drift_detected)
+        elif ks.streak.windows:
+            ks.streak = Streak()
         if transition is None and not rule.firing:
             if degraded:
                 ks.unlearned.append(obs)
@@ -653,8 +689,9 @@ class Pipeline:
     # --- incidents from keys ------------------------------------------------------
 
     def _key_fired(self, job: JobState, ks: KeyState, out: list) -> None:
-        acc = ks.acc
-        effect = acc[1] / acc[0] if acc[0] else ks.last_effect
+        effect = ks.streak.mean_effect()
+        if effect is None:
+            effect = ks.last_effect
         v = attribute(
             ks,
             job.keys.values(),
@@ -674,7 +711,7 @@ class Pipeline:
             self._confirm(job, inc, out)
         else:
             self._join(inc, ks)
-        ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        ks.streak = Streak()
 
     def _early_span_ns(self, job: JobState) -> int:
         """How long after its start an incident must show its cost to be raised."""
@@ -860,20 +897,21 @@ class Pipeline:
 
     def _join(self, inc: Incident, ks: KeyState) -> None:
         gk = ks.tuple
-        acc = ks.acc
-        inc.eff_sum += acc[1]
-        inc.eff_n += acc[0]
-        inc.peak = max(inc.peak, acc[2])
+        st = ks.streak
+        inc.eff_sum += st.effect_sum
+        inc.eff_n += st.windows
+        inc.peak = max(inc.peak, st.peak)
         if inc.trigger == gk:
-            inc.obs_sum += acc[3]
-            inc.base_sum += acc[4]
-            inc.ob_n += acc[0]
-        inc.drift = inc.drift or bool(acc[5])
+            inc.obs_sum += st.observed_sum
+            inc.base_sum += st.baseline_sum
+            inc.ob_n += st.windows
+        inc.drift = inc.drift or st.drift
         inc.members.append(gk)
         inc.n_members += 1
         if len(inc.listed) < MAX_LISTED_KEYS:
             d = ks.describe()
-            d["effect"] = round(acc[1] / acc[0], 6) if acc[0] else None
+            mean = st.mean_effect()
+            d["effect"] = None if mean is None else round(mean, 6)
             inc.listed.append(d)
         desc = ks.describe()
         for f, val in desc.items():
@@ -886,7 +924,7 @@ class Pipeline:
     def _key_resolved(self, job: JobState, ks: KeyState, end_ns: int | None, out: list) -> None:
         inc = job.incidents.get(ks.incident) if ks.incident else None
         ks.incident = None
-        ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+        ks.streak = Streak()
         ks.hold = []
         if inc is None:
             return
@@ -1036,7 +1074,7 @@ class Pipeline:
                 ks.spread_rule.force_resolve(ks.last_end_ns)
             ks.incident = None
             ks.spread_incident = None
-            ks.acc = [0, 0.0, 0.0, 0.0, 0.0, False]
+            ks.streak = Streak()
             ks.hold = []
         tp = job.throughput
         if tp.rule.firing:
