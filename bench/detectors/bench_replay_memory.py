@@ -2,7 +2,8 @@
 
 Each command runs in a fresh process over a synthetic plugin spool (8 streams, 4
 communicators, ``ncclwatch_testkit.synth.write_spool``) and is measured by the kernel: peak
-resident set (``ru_maxrss`` of the child), CPU seconds (user + sys) and wall seconds.
+resident set since exec (``VmHWM``, which the child prints as it exits), CPU seconds
+(user + sys, ``wait4``) and wall seconds.
 
 - ``watch``: ``ncclwatch watch SPOOL --speed 0`` (local mode replaying at full speed);
 - ``replay``: ``ncclwatch replay --files SPOOL --out FILE``;
@@ -42,17 +43,29 @@ if shim:
 from ncclwatch import cli
 import ncclwatch.records as r
 assert ("/shim-" in r.__file__) == bool(shim), r.__file__
-sys.exit(cli.main(sys.argv[2:]))
+try:
+    rc = cli.main(sys.argv[2:])
+finally:
+    # peak resident set since exec (ru_maxrss would also count the forked parent's pages)
+    hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print("NCCLWATCH_BENCH_HWM_KB", hwm.split()[1], file=sys.stderr)
+sys.exit(rc)
 """
+
+
+def _sha(rev: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def spool_of(n: int, cache: Path) -> Path:
     """A spool of ``n`` op records (rounded down to 8 streams), written once per size."""
-    from ncclwatch_testkit.synth import write_spool
-
     d = cache / f"spool-{n}"
     if not (d / "done").exists():
-        write_spool(str(d), job="bench-mem", streams=8, ops_per_stream=n // 8, comms=4, segment_ops=200_000)
+        # in a child process: this one stays small, so nothing of it counts in the forks
+        subprocess.run([sys.executable, "-c", "import sys; from ncclwatch_testkit.synth import write_spool; "
+                        "write_spool(sys.argv[1], job='bench-mem', streams=8, ops_per_stream=int(sys.argv[2]), "
+                        "comms=4, segment_ops=200_000)", str(d), str(n // 8)], check=True)
         (d / "done").write_text("")
     return d
 
@@ -73,15 +86,17 @@ def argv_for(command: str, spool: Path, out: Path) -> list[str]:
 def measure(argv: list[str], shim: str) -> dict:
     """Peak RSS (MB), CPU s and wall s of one fresh process running ``ncclwatch argv``."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, shim, *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    with tempfile.TemporaryFile() as errf:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, shim, *argv], stdout=subprocess.DEVNULL, stderr=errf)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        errf.seek(0)
+        err = errf.read().decode(errors="replace")
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{argv}: exit {proc.returncode}: {err[-2000:]}")
-    return {"rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
+    hwm_kb = next(int(line.split()[1]) for line in err.splitlines() if line.startswith("NCCLWATCH_BENCH_HWM_KB"))
+    return {"rss_mb": hwm_kb / 1024, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall}
 
 
 def main() -> int:
@@ -115,7 +130,8 @@ def main() -> int:
         try:
             print(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                               "cpus": os.cpu_count(), "python": platform.python_version(),
-                              "new": args.new or "working tree", "old": args.old}), flush=True)
+                              "new": _sha(args.new) if args.new else "working tree",
+                              "old": _sha(args.old) if args.old else None}), flush=True)
             for n in (int(x) for x in args.records.split(",")):
                 spool = spool_of(n, cache)
                 for command in args.commands.split(","):
