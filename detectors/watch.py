@@ -373,7 +373,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
             except RecordingError as e:
                 print(f"ncclwatch watch: {e}", file=sys.stderr)
                 return 2
-        return _run(args, cfg, out, source, replay, recording, options)
+        return _run(args, cfg, out, source, recording, options)
 
 
 def _run(
@@ -381,10 +381,11 @@ def _run(
     cfg: Config,
     out: TextIO,
     source: Path,
-    replay: bool,
     recording: SortedRecording | None,
     options: Options,
 ) -> int:
+    """Replay ``recording`` (entered, read once) or, without one, tail ``source``."""
+    replay = recording is not None
     state_path = args.state or ("" if replay else cfg.detector.state_path)
     metrics = _metrics(cfg, args.metrics_port, out, live=not replay)
     sink = _sink(cfg)

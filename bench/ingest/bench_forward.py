@@ -9,6 +9,11 @@ process spends.
 
     .venv/bin/python bench/ingest/bench_forward.py [--records 60000] [--repeats 3]
         [--producers kafka-python,confluent-kafka] [--out docs/bench/ingest.md] [--profile]
+    .venv/bin/python bench/ingest/bench_forward.py --streams 2,16,256 [--repeats 5]
+
+``--streams``: the shipped configuration (100 ops per message, lz4, 2000-line batches,
+the default producer) on spools of the same records spread over that many streams
+(processes) of one node, the spools alternating within every repeat.
 """
 
 from __future__ import annotations
@@ -89,9 +94,12 @@ def main() -> int:
     ap.add_argument("--only", default="", help="ops_per_message,codec,batch: run just that config")
     ap.add_argument("--producers", default=config.KafkaConfig.producer,
                     help="comma-separated kafka.producer values, interleaved in every repeat")
+    ap.add_argument("--streams", default="", help="comma-separated stream counts: the shipped config per count")
     args = ap.parse_args()
     producers = args.producers.split(",")
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
+    if args.streams:
+        return by_streams(bootstrap, [int(x) for x in args.streams.split(",")], args.records, args.repeats)
     spool = tempfile.mkdtemp(prefix="ncclwatch-bench-spool-")
     streams = 8
     write_spool(spool, streams=streams, ops_per_stream=args.records // streams,
@@ -124,6 +132,26 @@ def main() -> int:
     shutil.rmtree(spool, ignore_errors=True)
     if args.out:
         write_report(args.out, rows, records, size, args.repeats)
+    return 0
+
+
+def by_streams(bootstrap: str, counts: list[int], records: int, repeats: int) -> int:
+    ing = config.IngestConfig()
+    spools = {}
+    for n in counts:
+        spools[n] = tempfile.mkdtemp(prefix=f"ncclwatch-bench-spool-{n}-")
+        write_spool(spools[n], streams=n, ops_per_stream=records // n, segment_ops=5000, comms=4)
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    for i in range(repeats):
+        for n in counts if i % 2 == 0 else counts[::-1]:
+            cpu, _, sent = one_run(bootstrap, spools[n], n * (records // n), ing.ops_per_message, ing.compression,
+                                   ing.batch_size)
+            rates[n].append(sent / cpu)
+    for n in counts:
+        r = rates[n]
+        print(f"streams={n:<4} records/cpu-s median={statistics.median(r):>9,.0f} min={min(r):,.0f} "
+              f"max={max(r):,.0f} ({repeats} repeats)", flush=True)
+        shutil.rmtree(spools[n], ignore_errors=True)
     return 0
 
 
