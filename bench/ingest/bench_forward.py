@@ -82,6 +82,8 @@ def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, 
     sent_ops = int(fwd.metrics.registry.get_sample_value(
         "ncclwatch_forwarder_records_sent_total", {"topic": cfg.topics.ops}) or 0)
     assert sent_ops == records, (sent_ops, records)
+    one_run.windows = int(fwd.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
+        "ncclwatch_forwarder_records_sent_total", {"topic": cfg.topics.windows}) or 0)
     return c1 - c0, w1 - w0, sent_ops
 
 
@@ -142,15 +144,17 @@ def by_streams(bootstrap: str, counts: list[int], records: int, repeats: int) ->
         spools[n] = tempfile.mkdtemp(prefix=f"ncclwatch-bench-spool-{n}-")
         write_spool(spools[n], streams=n, ops_per_stream=records // n, segment_ops=5000, comms=4)
     rates: dict[int, list[float]] = {n: [] for n in counts}
+    windows: dict[int, int] = {}
     for i in range(repeats):
         for n in counts if i % 2 == 0 else counts[::-1]:
             cpu, _, sent = one_run(bootstrap, spools[n], n * (records // n), ing.ops_per_message, ing.compression,
                                    ing.batch_size)
             rates[n].append(sent / cpu)
+            windows[n] = one_run.windows  # type: ignore[attr-defined]
     for n in counts:
         r = rates[n]
         print(f"streams={n:<4} records/cpu-s median={statistics.median(r):>9,.0f} min={min(r):,.0f} "
-              f"max={max(r):,.0f} ({repeats} repeats)", flush=True)
+              f"max={max(r):,.0f} windows sent={windows[n]:,} ({repeats} repeats)", flush=True)
         shutil.rmtree(spools[n], ignore_errors=True)
     return 0
 
