@@ -518,13 +518,15 @@ class SortedRecording:
     def _read(self) -> None:
         index: dict[str, int] = {}
         buf = self._memory
-        first = last = None
         for seq, (source, offset, raw, rec) in enumerate(iter_records(self.paths, self.stats, self.options)):
             if self.keep is not None and not self.keep(rec):
                 continue
             key = order_key(rec)
-            first = key if first is None or key < first else first
-            last = key if last is None or key > last else last
+            t = key[0]
+            if self.first_ns is None or t < self.first_ns:
+                self.first_ns = t
+            if self.last_ns is None or t > self.last_ns:
+                self.last_ns = t
             src = index.get(source)
             if src is None:
                 src = index[source] = len(self._sources)
@@ -540,8 +542,6 @@ class SortedRecording:
             buf.clear()
         buf.sort(key=_entry_key)
         self.stats.records = self.total
-        self.first_ns = first[0] if first else None
-        self.last_ns = last[0] if last else None
 
     def _spill(self, buf: list[tuple[int, int, int, int, int, bytes, Any]]) -> None:
         import lz4.frame
