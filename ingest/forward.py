@@ -867,6 +867,7 @@ class Forwarder:
     def _spill_all(self, why: str) -> None:
         """Kafka is failing: move every unfinished batch, in order, to the disk buffer;
         from the first one that does not fit on, they are held, so the order stays."""
+        self.metrics.kafka_spills.labels(why).inc()
         n = 0
         blocked = False
         for b in self.batches:

@@ -42,6 +42,11 @@ class ForwarderMetrics:
         self.untrusted_files = Gauge("ncclwatch_forwarder_untrusted_files",
                                      "Spool segments left unread: owned by another user than "
                                      "their job directory's (ingest.spool_trust=owner)", registry=r)
+        self.kafka_spills = Counter("ncclwatch_forwarder_kafka_spills_total",
+                                    "Times Kafka failed or stalled and the unfinished batches "
+                                    "went to the disk buffer (some records may reach Kafka "
+                                    "twice, and later than records read after them)",
+                                    ["reason"], registry=r)
         self.windows_late = Counter("ncclwatch_forwarder_window_late_ops_total",
                                     "Ops that arrived after their window had closed",
                                     registry=r)
