@@ -31,7 +31,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +39,8 @@ from typing import Any, TextIO
 
 from ncclwatch.detectors.messages import message_lines
 from ncclwatch.detectors.playback import EventsFile, Pacer
+from ncclwatch.ingest import recording
+from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.recording import (
     Options,
     ReadStats,
@@ -168,21 +170,27 @@ class Item:
     time_ns: int  # record time (files) or Kafka timestamp (topics), for pacing and ordering
     timestamp_ms: int  # the Kafka message timestamp to write
     key: bytes | None
-    origin: tuple  # (topic, partition, offset, line): the sort tie-breaker of topics
+    origin: tuple  # (topic's index, partition, offset, line): the sort tie-breaker of topics
     record: Any = None  # the parsed record, where it was parsed already (files)
 
     def parsed(self) -> Any:
         return self.record if self.record is not None else parse_line(self.raw)
 
 
+@contextmanager
 def read_topics(
     cfg: Config,
     topics: list[str],
     since_ns: int | None,
     until_ns: int | None,
     offsets: list[OffsetRange],
-) -> list[Item]:
-    """Every message of the topics in the range, sorted by (timestamp, topic, partition, offset).
+    *,
+    by_record_time: bool = False,
+) -> Iterator[ExternalSort]:
+    """Every message of the topics in the range, sorted in bounded memory
+    (:class:`ExternalSort`, like a recording on disk): by (timestamp, topic, partition,
+    offset), or with ``by_record_time`` the valid records by record time first (what
+    detectors want; items then carry their parsed record).
 
     ``offsets_for_times`` finds, per partition, the first offset whose timestamp is at or
     after a time; messages between the two found offsets are read and then filtered by
@@ -191,57 +199,87 @@ def read_topics(
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    names = sorted(set(topics))  # the topic's index in the sort key: its name's order
+    # Key: [record time, kind,] timestamp, topic, partition, offset, line in the message.
+    widths = (20, 1) * by_record_time + (20, 4, 6, 19, 6)
+    sorter = ExternalSort(widths, encode=_encode_item, decode=_decode_item,
+                          run_records=recording.SORT_RUN_RECORDS,
+                          max_open_runs=recording.MAX_OPEN_RUNS)
     consumer = KafkaConsumer(**cfg.kafka.client_kwargs(), **_CONSUMER)
-    try:
-        tps = []
-        for topic in topics:
-            parts = _partitions(consumer, topic)
-            if parts is None:
-                raise SystemExit(f"ncclwatch replay: no topic {topic!r}")
-            tps += [TopicPartition(topic, p) for p in sorted(parts)]
-        begin = consumer.beginning_offsets(tps)
-        end = consumer.end_offsets(tps)
-        bounds: dict[Any, tuple[int, int]] = {}
-        if offsets:
-            for r in offsets:
-                for tp in tps:
-                    if tp.partition == r.partition and r.topic in (None, tp.topic):
-                        stop = end[tp] if r.end is None else min(r.end, end[tp])
-                        bounds[tp] = (max(r.start, begin[tp]), stop)
-        else:
-            lo = _offsets_at(consumer, tps, since_ns, begin, end) if since_ns is not None else begin
-            hi = _offsets_at(consumer, tps, until_ns, end, end) if until_ns is not None else end
-            bounds = {tp: (lo[tp], hi[tp]) for tp in tps}
-        # Kafka timestamps are ms: [since, until) in ns is [ceil(since), ceil(until)) in ms
-        since_ms = math.ceil(since_ns / 10**6) if since_ns is not None else -(1 << 62)
-        until_ms = math.ceil(until_ns / 10**6) if until_ns is not None else 1 << 62
-        items: list[Item] = []
-        for tp, (start, stop) in bounds.items():
-            if start >= stop:
-                continue
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            while consumer.position(tp) < stop:
-                batch = consumer.poll(timeout_ms=1000, max_records=5000)
-                if not batch and consumer.position(tp) < stop:
-                    # offsets of aborted transactions or compacted away: nothing more comes
-                    if consumer.position(tp) >= end[tp]:
-                        break
+    with sorter:
+        try:
+            tps = []
+            for topic in topics:
+                parts = _partitions(consumer, topic)
+                if parts is None:
+                    raise SystemExit(f"ncclwatch replay: no topic {topic!r}")
+                tps += [TopicPartition(topic, p) for p in sorted(parts)]
+            begin = consumer.beginning_offsets(tps)
+            end = consumer.end_offsets(tps)
+            bounds: dict[Any, tuple[int, int]] = {}
+            if offsets:
+                for r in offsets:
+                    for tp in tps:
+                        if tp.partition == r.partition and r.topic in (None, tp.topic):
+                            stop = end[tp] if r.end is None else min(r.end, end[tp])
+                            bounds[tp] = (max(r.start, begin[tp]), stop)
+            else:
+                lo = _offsets_at(consumer, tps, since_ns, begin, end) if since_ns is not None else begin
+                hi = _offsets_at(consumer, tps, until_ns, end, end) if until_ns is not None else end
+                bounds = {tp: (lo[tp], hi[tp]) for tp in tps}
+            # Kafka timestamps are ms: [since, until) in ns is [ceil(since), ceil(until)) in ms
+            since_ms = math.ceil(since_ns / 10**6) if since_ns is not None else -(1 << 62)
+            until_ms = math.ceil(until_ns / 10**6) if until_ns is not None else 1 << 62
+            for tp, (start, stop) in bounds.items():
+                if start >= stop:
                     continue
-                for msg in batch.get(tp, []):
-                    if msg.offset >= stop:
-                        break
-                    if not offsets and not (since_ms <= msg.timestamp < until_ms):
+                ti = names.index(tp.topic)
+                consumer.assign([tp])
+                consumer.seek(tp, start)
+                while consumer.position(tp) < stop:
+                    batch = consumer.poll(timeout_ms=1000, max_records=5000)
+                    if not batch and consumer.position(tp) < stop:
+                        # offsets of aborted transactions or compacted away: nothing more comes
+                        if consumer.position(tp) >= end[tp]:
+                            break
                         continue
-                    # a message may pack several records (JSON Lines): one item each
-                    for i, line in enumerate(message_lines(msg.value or b"")):
-                        origin = (tp.topic, tp.partition, msg.offset, i)
-                        ts_ns = msg.timestamp * 10**6
-                        items.append(Item(line, ts_ns, msg.timestamp, msg.key, origin))
-        items.sort(key=lambda it: (it.time_ns, it.origin))
-        return items
-    finally:
-        consumer.close()
+                    for msg in batch.get(tp, []):
+                        if msg.offset >= stop:
+                            break
+                        if not offsets and not (since_ms <= msg.timestamp < until_ms):
+                            continue
+                        # a message may pack several records (JSON Lines): one item each
+                        for i, line in enumerate(message_lines(msg.value or b"")):
+                            origin = (ti, tp.partition, msg.offset, i)
+                            item = Item(line, msg.timestamp * 10**6, msg.timestamp, msg.key, origin)
+                            where = (msg.timestamp + _SHIFT, *origin)
+                            if not by_record_time:
+                                sorter.add(where, item)
+                                continue
+                            rec = parse_line(line)
+                            if isinstance(rec, Quarantined):
+                                continue
+                            t, kind = order_key(rec)
+                            sorter.add((t + _SHIFT, kind, *where),
+                                       Item(line, t, msg.timestamp, msg.key, origin, rec))
+        finally:
+            consumer.close()
+        yield sorter
+
+
+_SHIFT = 1 << 63  # times may be negative; sort keys may not
+
+
+def _encode_item(it: Item) -> bytes:
+    # The message key as hex (any bytes), "-" for none; the line last (it has no newline).
+    key = b"-" if it.key is None else it.key.hex().encode()
+    return b"%d %d %d %d %d %d %s %b" % (it.time_ns, it.timestamp_ms, *it.origin, key, it.raw)
+
+
+def _decode_item(line: bytes) -> Item:
+    *nums, key, raw = line.split(b" ", 7)
+    t, ts_ms, ti, part, off, i = map(int, nums)
+    return Item(raw, t, ts_ms, None if key == b"-" else bytes.fromhex(key.decode()), (ti, part, off, i))
 
 
 def _partitions(consumer: Any, topic: str) -> set[int] | None:
@@ -339,9 +377,10 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
 
     with ExitStack() as stack:
         if args.topic:
-            items: list[Item] = read_topics(cfg, args.topic, since_ns, until_ns, offsets)
+            items = stack.enter_context(
+                read_topics(cfg, args.topic, since_ns, until_ns, offsets, by_record_time=args.detect))
             source: Iterable[Item] = items
-            count, kinds = len(items), None
+            count, kinds = items.total, None
         else:
             options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
             try:
@@ -356,7 +395,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         pacer = Pacer(args.speed)
         with bar:
             if args.detect:
-                n = _detect(cfg, source, args.topic != [], pacer, bar, args.events_out, out)
+                n = _detect(cfg, source, pacer, bar, args.events_out, out)
             elif args.out:
                 n = _to_file(source, args.out, pacer, bar)
             else:
@@ -375,25 +414,21 @@ def _paced(items: Iterable[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
 def _detect(
     cfg: Config,
     items: Iterable[Item],
-    from_topics: bool,
     pacer: Pacer,
     bar: Any,
     events_out: str | None,
     out: TextIO,
 ) -> int:
+    """Run ``items`` (valid records in record-time order, as watch gives them) through
+    the detectors."""
     from ncclwatch.detectors.watch import Watch
 
-    if from_topics:
-        # Detectors want record-time order, as watch gives them: topics were read in Kafka
-        # timestamp order, which is publication time when a producer did not set it.
-        records = sorted((r for r in (it.parsed() for it in items) if not isinstance(r, Quarantined)), key=order_key)
-        items = [Item(b"", record_time_ns(r), 0, None, (), r) for r in records]
     events_file = EventsFile(events_out)
     watch = Watch(cfg, out=out, events_file=events_file)
     n = 0
     try:
         for it in _paced(items, pacer, bar):
-            watch.feed(it.record)
+            watch.feed(it.parsed())
             n += 1
         watch.flush()
     finally:
@@ -422,21 +457,21 @@ def _to_kafka(
     to_topic: str | None,
     prefix: str,
 ) -> int:
-    """Publish ``items``; ``kinds`` (the record kinds among them, None: not known yet,
-    then ``items`` is a list and is looked through) say which topics must exist."""
+    """Publish ``items``; ``kinds`` (the record kinds among them; None: not known, each
+    kind's topic is made sure of when its first record comes) say which topics must
+    exist."""
     from kafka import KafkaProducer
 
     # Replayed records keep their recording's times: a target created with the broker's
     # time-based retention would lose them at its next check (docs/replay.md).
     from ncclwatch.ingest.kafka_sink import ensure_topics
 
-    if kinds is None:
-        assert isinstance(items, list)
-        kinds = {r.KIND for r in (it.parsed() for it in items) if not isinstance(r, Quarantined)}
-    if not kinds:
+    if kinds is not None and not kinds:
         return 0
-    targets = {to_topic} if to_topic else {prefix + routing.topic_for(cfg.topics, k) for k in kinds}
-    ensure_topics(cfg.kafka, cfg.topics, sorted(targets), retention_ms=-1)
+    targets = {to_topic} if to_topic else {prefix + routing.topic_for(cfg.topics, k) for k in kinds or ()}
+    ensured = set(targets)
+    if targets:
+        ensure_topics(cfg.kafka, cfg.topics, sorted(targets), retention_ms=-1)
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
     try:
@@ -450,6 +485,9 @@ def _to_kafka(
             else:
                 topic = topic_for(cfg, rec, prefix)
                 key = it.key if it.key is not None else routing.key_for(rec)
+                if topic not in ensured:
+                    ensure_topics(cfg.kafka, cfg.topics, [topic], retention_ms=-1)
+                    ensured.add(topic)
             producer.send(topic, key=key, value=it.raw, timestamp_ms=it.timestamp_ms)
             n += 1
         producer.flush()

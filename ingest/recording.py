@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import glob
 import gzip
-import heapq
 import json
 import logging
 import os
@@ -48,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclwatch.ingest import external_sort
+from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
 from ncclwatch.ingest.parse import parse as fast_parse
 from ncclwatch.ingest.parse import parse_record, to_record
@@ -441,12 +442,10 @@ def _nothing_found(path: Path, stats: ReadStats) -> str:
     return text
 
 
-# How many records a sort holds in memory (≈ 2 KB each with their lines). A longer
-# recording is sorted in runs of this many, spilled to disk and merged, like sort(1):
-# replaying 10 M records then needs no more memory than replaying 50 k.
-SORT_RUN_RECORDS = 50_000
-# Runs merged at once; more are merged into one first (file descriptors, read buffers).
-MAX_OPEN_RUNS = 64
+# How many records a sort holds in memory, and how many sorted runs it merges at once
+# (ingest/external_sort.py): replaying 10 M records needs no more memory than 50 k.
+SORT_RUN_RECORDS = external_sort.RUN_RECORDS
+MAX_OPEN_RUNS = external_sort.MAX_OPEN_RUNS
 
 
 class SortedRecording:
@@ -460,11 +459,11 @@ class SortedRecording:
     Entering reads the recording through once (``total``, ``first_ns`` and ``last_ns``
     are known then); iterating gives ``(source, offset, raw, record)`` once. Up to
     ``run_records`` records are sorted in memory; beyond that sorted runs go to a
-    temporary directory (lz4, the lines as read with their sort key) and are merged from
-    there, so memory stays flat whatever the length. ``keep`` leaves records out before
-    they are counted or held. Records are contract dataclasses; with ``fast`` they may
-    be the fast parser's structs (for what only routes or copies them: no dataclass to
-    build, half the parse).
+    temporary directory and are merged from there (:class:`ExternalSort`), so memory
+    stays flat whatever the length. ``keep`` leaves records out before they are counted
+    or held. Records are contract dataclasses; with ``fast`` they may be the fast
+    parser's structs (for what only routes or copies them: no dataclass to build, half
+    the parse).
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp())
@@ -473,7 +472,7 @@ class SortedRecording:
     >>> _ = (d / "a.jsonl").write_text("\\n".join(lines) + "\\n")
     >>> with SortedRecording([d], ReadStats(), run_records=2) as rec:
     ...     (rec.total, rec.runs, [r.ts_ns for _, _, _, r in rec])
-    (5, 3, [1, 2, 3, 4, 5])
+    (5, 2, [1, 2, 3, 4, 5])
     """
 
     def __init__(
@@ -490,39 +489,45 @@ class SortedRecording:
         self.stats = stats if stats is not None else ReadStats()
         self.options = options
         self.keep = keep
-        self.run_records = max(1, run_records or SORT_RUN_RECORDS)
         self.fast = fast
         self.total = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
-        self.runs = 0  # sorted runs spilled to disk (0: sorted in memory)
         self.kinds: Counter[str] = Counter()  # records by kind
-        self._stack = ExitStack()
         self._sources: list[str] = []
-        self._memory: list[tuple[int, int, int, int, int, bytes, Any]] = []
-        self._run_paths: list[Path] = []
-        self._tmp: Path | None = None
+        # Key: stream time (shifted to be positive: 20 digits), then kind (1 digit).
+        self._sort = ExternalSort((20, 1), encode=_encode_entry, decode=_decode_entry,
+                                  run_records=run_records or SORT_RUN_RECORDS,
+                                  max_open_runs=MAX_OPEN_RUNS)
+
+    @property
+    def runs(self) -> int:
+        """Sorted runs spilled to disk (0: sorted in memory)."""
+        return self._sort.runs
+
+    @property
+    def spill_dir(self) -> Path | None:
+        """The temporary directory of the spilled runs (None: sorted in memory)."""
+        return self._sort.directory
 
     def __enter__(self) -> SortedRecording:
         try:
             self._read()
         except BaseException:
-            self._stack.close()
+            self._sort.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._memory = []
-        self._stack.close()
+        self._sort.close()
 
     def _read(self) -> None:
         index: dict[str, int] = {}
-        buf = self._memory
-        for seq, (source, offset, raw, rec) in enumerate(iter_records(self.paths, self.stats, self.options)):
+        add = self._sort.add
+        for source, offset, raw, rec in iter_records(self.paths, self.stats, self.options):
             if self.keep is not None and not self.keep(rec):
                 continue
-            key = order_key(rec)
-            t = key[0]
+            t, kind = order_key(rec)
             if self.first_ns is None or t < self.first_ns:
                 self.first_ns = t
             if self.last_ns is None or t > self.last_ns:
@@ -531,82 +536,41 @@ class SortedRecording:
             if src is None:
                 src = index[source] = len(self._sources)
                 self._sources.append(source)
-            buf.append((key[0], key[1], seq, src, offset, raw, rec))
-            self.total += 1
+            add((t + _T_SHIFT, kind), (src, offset, raw, rec))
             self.kinds[rec.KIND] += 1
-            if len(buf) >= self.run_records:
-                self._spill(buf)
-                buf.clear()
-        if self._run_paths and buf:
-            self._spill(buf)
-            buf.clear()
-        buf.sort(key=_entry_key)
+        self.total = self._sort.total
         self.stats.records = self.total
 
-    def _spill(self, buf: list[tuple[int, int, int, int, int, bytes, Any]]) -> None:
-        import lz4.frame
-
-        if self._tmp is None:
-            self._tmp = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ncclwatch-sort-")))
-        buf.sort(key=_entry_key)
-        path = self._tmp / f"run-{len(self._run_paths):06d}.lz4"
-        # A fixed-width key first, so the merge compares lines as they are read.
-        with lz4.frame.open(path, "wb", compression_level=0) as f:
-            f.writelines(b"%020d%d%012d %d %d %b\n" % (e[0] + _T_SHIFT, *e[1:6]) for e in buf)
-        self._run_paths.append(path)
-        self.runs += 1
-        if len(self._run_paths) >= MAX_OPEN_RUNS:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Merge the runs so far into one: the merge keeps few files open however long
-        the recording (lines sort as they are, so nothing is parsed)."""
-        import lz4.frame
-
-        assert self._tmp is not None
-        path = self._tmp / f"merged-{self.runs:06d}.lz4"
-        with ExitStack() as files:
-            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
-            with lz4.frame.open(path, "wb", compression_level=0) as out:
-                out.writelines(heapq.merge(*runs))
-        for p in self._run_paths:
-            p.unlink()
-        self._run_paths = [path]
-
     def __iter__(self) -> Iterator[tuple[str, int, bytes, Any]]:
-        if not self._run_paths:
-            convert = _same if self.fast else to_record
-            for _, _, _, src, offset, raw, rec in self._memory:
-                yield self._sources[src], offset, raw, convert(rec)
-            self._memory = []
-            return
-        import lz4.frame
-
+        convert = _same if self.fast else to_record
         parse = fast_parse if self.fast else parse_record
-
-        with ExitStack() as files:
-            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
-            for line in heapq.merge(*runs):
-                src, offset, raw = line[_KEY_WIDTH + 1 : -1].split(b" ", 2)
-                source = self._sources[int(src)]
-                rec = parse(raw, source=source, offset=int(offset))
+        sources = self._sources
+        for src, offset, raw, rec in self._sort:
+            source = sources[src]
+            if rec is None:  # read back from disk: parse it again
+                rec = parse(raw, source=source, offset=offset)
                 if type(rec) is Quarantined:  # it parsed once: the spill file was damaged
                     self.stats.quarantine(rec)
                     continue
-                yield source, int(offset), raw, rec
+                yield source, offset, raw, rec
+            else:
+                yield source, offset, raw, convert(rec)
 
 
-# Spilled lines start with time (shifted to be positive: 20 digits), kind (1), read order (12).
-_T_SHIFT = 1 << 63
-_KEY_WIDTH = 20 + 1 + 12
+_T_SHIFT = 1 << 63  # record times may be negative; sort keys may not
+
+
+def _encode_entry(e: tuple[int, int, bytes, Any]) -> bytes:
+    return b"%d %d %b" % (e[0], e[1], e[2])
+
+
+def _decode_entry(line: bytes) -> tuple[int, int, bytes, None]:
+    src, offset, raw = line.split(b" ", 2)
+    return int(src), int(offset), raw, None
 
 
 def _same(rec: Any) -> Any:
     return rec
-
-
-def _entry_key(e: tuple[int, int, int, int, int, bytes, Any]) -> tuple[int, int, int]:
-    return e[0], e[1], e[2]
 
 
 def read_recording(

@@ -73,7 +73,7 @@ def test_keep_leaves_records_out_before_they_are_counted():
 
 def test_the_spill_directory_is_gone_after_the_recording_is_closed():
     with SortedRecording([PLUGIN_RUN], ReadStats(), run_records=1000) as rec:
-        spill_dir = rec._tmp
+        spill_dir = rec.spill_dir
         assert spill_dir is not None and any(spill_dir.iterdir())
         next(iter(rec))
     assert not spill_dir.exists()
@@ -113,6 +113,9 @@ def test_watch_replay_and_report_give_the_same_output_when_the_recording_spills(
 def test_many_runs_are_merged_into_one_before_too_many_files_are_open(monkeypatch):
     monkeypatch.setattr(recording, "MAX_OPEN_RUNS", 4)
     whole, in_memory = _sorted([INSPECTOR_RUN], 10**9)
-    spilled, merged = _sorted([INSPECTOR_RUN], 300)
-    assert spilled.runs > 8 and len(spilled._run_paths) < 4
+    with SortedRecording([INSPECTOR_RUN], ReadStats(), Options(), run_records=300) as spilled:
+        files = sorted(p.name for p in spilled.spill_dir.iterdir())  # as the merge finds them
+        merged = list(spilled)
+    assert spilled.runs > 8 and 1 <= len(files) < 4, files
+    assert any(f.startswith("merged-") for f in files)
     assert [_where(e) for e in merged] == [_where(e) for e in in_memory]

@@ -18,6 +18,7 @@ from drivers_support import (
     topics_env,
     window_scenario,
 )
+from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.recording import record_time_ns
 from ncclwatch_testkit import services as testing
 
@@ -116,6 +117,35 @@ def test_replaying_a_window_of_a_topic_yields_exactly_its_records(with_env, tmp_
     assert sorted(got) == want
     times = [json.loads(g)["end_ns"] for g in got]
     assert times == sorted(times), "records come out in time order"
+
+
+def _replay_topics(env: dict, tmp_path, tag: str) -> dict[str, object]:
+    """What replay makes of both topics: the records in order, the events, a copy's keys."""
+    topics = ["--topic", env["NCCLWATCH_TOPICS_WINDOWS"], "--topic", env["NCCLWATCH_TOPICS_THROUGHPUT"]]
+    out, events = tmp_path / f"{tag}.jsonl", tmp_path / f"{tag}.events.jsonl"
+    copy = testing.unique_name(f"copy-{tag}")
+    assert cli.main(["replay", *topics, "--out", str(out), "--no-progress"]) == 0
+    assert cli.main(["replay", *topics, "--detect", "--events-out", str(events), "--no-progress"]) == 0
+    assert cli.main(["replay", *topics, "--to-topic", copy, "--no-progress"]) == 0
+    keys = sorted((m.key, m.value) for m in read_topic(env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], copy, idle_s=0.3))
+    return {"out": out.read_bytes(), "events": events.read_bytes(), "copy": keys}
+
+
+def test_a_topic_range_longer_than_the_sort_buffer_replays_exactly_as_one_held_in_memory(
+        with_env, tmp_path, monkeypatch):
+    from ncclwatch.ingest import recording
+
+    whole = _replay_topics(with_env["env"], tmp_path, "whole")
+    monkeypatch.setattr(recording, "SORT_RUN_RECORDS", 47)  # runs of 47 records on disk
+    monkeypatch.setattr(recording, "MAX_OPEN_RUNS", 4)  # and merged early
+    compactions = []
+    compact = ExternalSort._compact
+    monkeypatch.setattr(ExternalSort, "_compact", lambda self: (compactions.append(self.runs), compact(self)))
+    spilled = _replay_topics(with_env["env"], tmp_path, "spilled")
+    assert len(compactions) >= 3  # each of the 3 commands sorted on disk, merging early
+    assert len(whole["out"].splitlines()) > 20 * 47 and whole["events"] and len(whole["copy"]) > 20 * 47
+    for what in whole:
+        assert spilled[what] == whole[what], what
 
 
 def test_replay_by_offsets_reads_exactly_that_slice(with_env, kafka_bootstrap, tmp_path):

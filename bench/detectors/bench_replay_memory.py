@@ -8,14 +8,19 @@ resident set since exec (``VmHWM``, which the child prints as it exits), CPU sec
 - ``watch``: ``ncclwatch watch SPOOL --speed 0`` (local mode replaying at full speed);
 - ``replay``: ``ncclwatch replay --files SPOOL --out FILE``;
 - ``detect``: ``ncclwatch replay --files SPOOL --detect``;
-- ``report``: ``ncclwatch report SPOOL`` (Markdown and figures).
+- ``report``: ``ncclwatch report SPOOL`` (Markdown and figures);
+- ``topic``: ``ncclwatch replay --topic T --out FILE`` and ``topic-detect``:
+  ``ncclwatch replay --topic T --detect``, where T holds the same spool (written once
+  per length with ``replay --files SPOOL --to-topic T``, unlimited retention; its
+  message count is checked before every timing). They need a broker:
+  ``NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS`` (``scripts/services.sh start kafka`` prints it).
 
 ``--old COMMIT`` runs the same commands with an older commit too (``git worktree``,
 imported through ``bench/ab.py``'s shim), alternating which goes first, so both sides
 see the same machine. ::
 
     .venv/bin/python bench/detectors/bench_replay_memory.py --records 1000000,10000000 \\
-        [--commands watch,replay,detect,report] [--repeats 1] [--old COMMIT] [--new COMMIT]
+        [--commands watch,replay,detect,report,topic,topic-detect] [--repeats 1] [--old COMMIT] [--new COMMIT]
 """
 
 from __future__ import annotations
@@ -70,7 +75,42 @@ def spool_of(n: int, cache: Path) -> Path:
     return d
 
 
-def argv_for(command: str, spool: Path, out: Path) -> list[str]:
+def topic_of(n: int, spool: Path, cache: Path) -> str:
+    """A topic holding the spool of ``n`` records, filled once (its end offsets say how
+    many messages it must have; checked again before each use by :func:`check_topic`)."""
+    topic = f"bench-replay-memory-{n}"
+    mark = cache / f"{topic}.count"
+    if not mark.exists():
+        subprocess.run([sys.executable, "-m", "ncclwatch.cli", "replay", "--files", str(spool), "--to-topic", topic,
+                        "--no-progress"], check=True)
+        mark.write_text(str(topic_count(topic)))
+    check_topic(topic, int(mark.read_text()), n)
+    return topic
+
+
+def topic_count(topic: str) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=os.environ["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        tps = [TopicPartition(topic, p) for p in c.partitions_for_topic(topic) or ()]
+        begin, end = c.beginning_offsets(tps), c.end_offsets(tps)
+        return sum(end[tp] - begin[tp] for tp in tps)
+    finally:
+        c.close()
+
+
+def check_topic(topic: str, want: int, n: int) -> None:
+    got = topic_count(topic)
+    if got != want or got < n:
+        raise SystemExit(f"{topic}: {got} messages, {want} written for {n} op records: the input is not intact")
+
+
+def argv_for(command: str, spool: Path, out: Path, topic: str = "") -> list[str]:
+    if command == "topic":
+        return ["replay", "--topic", topic, "--out", str(out / "replayed.jsonl"), "--no-progress"]
+    if command == "topic-detect":
+        return ["replay", "--topic", topic, "--detect", "--no-progress"]
     if command == "watch":
         return ["watch", str(spool), "--speed", "0", "--metrics-port", "-1", "--status-every-s", "0",
                 "--no-progress"]
@@ -134,7 +174,9 @@ def main() -> int:
                               "old": _sha(args.old) if args.old else None}), flush=True)
             for n in (int(x) for x in args.records.split(",")):
                 spool = spool_of(n, cache)
-                for command in args.commands.split(","):
+                commands = args.commands.split(",")
+                topic = topic_of(n, spool, cache) if any(c.startswith("topic") for c in commands) else ""
+                for command in commands:
                     for rep in range(args.repeats):
                         order = sides if rep % 2 == 0 else sides[::-1]
                         for side, shim in order:
@@ -142,7 +184,9 @@ def main() -> int:
                                 continue
                             out = tmp_p / f"out-{side}"
                             out.mkdir(exist_ok=True)
-                            r = measure(argv_for(command, spool, out), shim)
+                            if topic:
+                                check_topic(topic, int((cache / f"{topic}.count").read_text()), n)
+                            r = measure(argv_for(command, spool, out, topic), shim)
                             subprocess.run(["rm", "-rf", str(out)], check=True)
                             print(json.dumps({"records": n, "command": command, "side": side, "repeat": rep,
                                               **{k: round(v, 1) for k, v in r.items()},
