@@ -352,6 +352,11 @@ class TimeMerge:
         self._external: dict[str, tuple[bool, int, float]] = {}
         self.held = 0
         self.forced = 0  # let go before their time (a stuck bound, or too many held)
+        # release() is called once per record read, and mostly nothing can go: it does
+        # the work only after something was added or a bound changed, or once the clock
+        # reaches the next time an input turns stuck (the only change that needs none).
+        self._changed = True
+        self._recheck_at = float("inf")
 
     def add(self, tp: Any, group: int, t_ns: int, item: Any, rank: int = 0) -> None:
         """Queue ``item`` of time ``t_ns``; ``rank`` orders items of equal time (lower first)."""
@@ -367,6 +372,7 @@ class TimeMerge:
         self._last_t[tp] = t_ns
         self._moved[tp] = self.clock()
         self.held += 1
+        self._changed = True
 
     def expect(self, tp: Any, group: int, behind: bool = True) -> None:
         """An input not read yet that has something to deliver: nothing may pass it."""
@@ -376,16 +382,20 @@ class TimeMerge:
             self._last_t[tp] = -(1 << 62)
             self._moved[tp] = self.clock()
         self._behind[tp] = behind
+        self._changed = True
 
     def progress(self, tp: Any, behind: bool) -> None:
         """Whether ``tp`` has unread messages on the broker (after what was added)."""
-        self._behind[tp] = behind
+        if self._behind.get(tp) is not behind:
+            self._behind[tp] = behind
+            self._changed = True
 
     def hold(self, name: str, behind: bool, t_ns: int) -> None:
         """An input fed from elsewhere: while behind, nothing later than ``t_ns`` goes."""
         old = self._external.get(name)
-        moved = self.clock() if old is None or old[:2] != (behind, t_ns) else old[2]
-        self._external[name] = (behind, t_ns, moved)
+        if old is None or old[:2] != (behind, t_ns):
+            self._external[name] = (behind, t_ns, self.clock())
+            self._changed = True
 
     def clear(self) -> None:
         """Drop everything held (it will be read again); counters and settings stay."""
@@ -393,27 +403,36 @@ class TimeMerge:
             d.clear()
         self._external.clear()
         self.held = 0
+        self._changed = True
 
     def _bound(self, tps: list[Any], now: float) -> tuple[int, int]:
         """(bound from live inputs, bound including stuck ones) for one group."""
         live = stuck = 1 << 62
         bounds = [(t, m) for _, (b, t, m) in self._external.items() if b]
         bounds += [(self._last_t[tp], self._moved[tp]) for tp in tps if self._behind.get(tp) and not self._queues[tp]]
+        hold = self.max_hold_s
         for t, moved in bounds:
             stuck = min(stuck, t)
-            if now - moved <= self.max_hold_s:
+            if now - moved <= hold:
                 live = min(live, t)
+                self._recheck_at = min(self._recheck_at, moved + hold)
         return live, stuck
 
     def drain(self) -> list[Any]:
         """Everything held, in merge order (end of input: nothing more will come)."""
         self._behind.clear()
         self._external.clear()
+        self._changed = True
         return self.release()
 
     def release(self) -> list[Any]:
-        out: list[Any] = []
+        """What may go now, in merge order."""
         now = self.clock()
+        if not self._changed and now <= self._recheck_at:
+            return []  # same inputs, same bounds as the last call: nothing more can go
+        self._changed = False
+        self._recheck_at = float("inf")
+        out: list[Any] = []
         for tps in self._groups.values():
             live, stuck = self._bound(tps, now)
             while True:
@@ -433,6 +452,8 @@ class TimeMerge:
                     # drained but behind: its next message may be as early as its last
                     live = min(live, self._last_t[tp])
                     stuck = min(stuck, self._last_t[tp])
+        if out:
+            self._changed = True  # queues emptied: the next call takes their bounds afresh
         return out
 
 

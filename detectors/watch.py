@@ -44,6 +44,7 @@ from ncclwatch.detectors.metrics import GBS
 from ncclwatch.detectors.playback import EventsFile, Pacer, write_jsonl_atomic
 from ncclwatch.detectors.stream import STATE_VERSION, JobDetectors, TimeMerge
 from ncclwatch.ingest.live import LiveSources
+from ncclwatch.ingest.parse import to_record
 from ncclwatch.ingest.recording import (
     INSPECTOR,
     INSPECTOR_LATENESS_S,
@@ -59,7 +60,7 @@ from ncclwatch.ingest.recording import (
 
 from ncclwatch import progress
 from ncclwatch.config import Config
-from ncclwatch.records import AnomalyEvent, OpRecord, Quarantined
+from ncclwatch.records import AnomalyEvent, Quarantined
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,8 @@ class Watch:
     # -- records in --------------------------------------------------------------------
 
     def feed(self, record: Any) -> None:
-        """One parsed line: op records are windowed, the rest go straight to detection.
+        """One parsed record (a contract dataclass, or the fast parser's struct): op records
+        are windowed, the rest go straight to detection.
 
         Windows leave the windower a window or two after their end (a window closes when
         its process has moved on), while throughput and telemetry are ready at once. To
@@ -179,7 +181,7 @@ class Watch:
         t = record_time_ns(record)
         self.stream_ns = max(self.stream_ns, t)
         merge = self._merge
-        if isinstance(record, OpRecord):
+        if kind == "op":  # the windower takes the fast parser's structs as they are
             stream = (record.job, record.host, record.pid)
             windower = self.inspector_windower if record.timing == "inspector" else self.windower
             for w in windower.add(record):
@@ -190,7 +192,7 @@ class Watch:
                 merge.expect(stream, 0)  # nothing may pass a process not windowed yet
             merge.progress(stream, True)  # a live process always has a window open
         else:
-            merge.add("records", 0, t, record, KIND_ORDER.get(kind, 3))
+            merge.add("records", 0, t, to_record(record), KIND_ORDER.get(kind, 3))
         for rec in merge.release():
             self.emit(self.detectors.process(rec))
 
@@ -369,7 +371,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         recording = None
         if replay:
             try:
-                recording = stack.enter_context(SortedRecording([source], ReadStats(), options))
+                recording = stack.enter_context(SortedRecording([source], ReadStats(), options, fast=True))
             except RecordingError as e:
                 print(f"ncclwatch watch: {e}", file=sys.stderr)
                 return 2

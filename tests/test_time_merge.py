@@ -1,0 +1,62 @@
+"""TimeMerge's shortcut (release does work only after a change) lets out exactly what a
+merge that recomputes every time lets out, whatever the calls and the clock do."""
+
+from __future__ import annotations
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from ncclwatch.detectors.stream import TimeMerge
+
+INPUTS = [("w", 0), ("w", 1), ("t", 0), ("x", 0)]
+
+step = st.one_of(
+    st.tuples(st.just("add"), st.sampled_from(INPUTS), st.integers(0, 50), st.integers(0, 3)),
+    st.tuples(st.just("expect"), st.sampled_from(INPUTS), st.booleans()),
+    st.tuples(st.just("progress"), st.sampled_from(INPUTS), st.booleans()),
+    st.tuples(st.just("hold"), st.sampled_from(["telemetry", "inflight"]), st.booleans(), st.integers(0, 50)),
+    st.tuples(st.just("tick"), st.sampled_from([0.5, 1.0, 2.5, 3.5, 10.0])),  # max_hold_s is 3
+    st.tuples(st.just("release")),
+    st.tuples(st.just("drain")),
+)
+
+
+class Recomputing(TimeMerge):
+    """The merge as it was: every release recomputes the bounds."""
+
+    def release(self) -> list:
+        self._changed = True
+        return super().release()
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(step, max_size=60), st.integers(1, 6))
+# An input behind and empty turns stuck; one emptied by a release later turns stuck too.
+@example([("expect", ("t", 0), True), ("add", ("w", 0), 10, 0), ("tick", 3.5), ("release",)], 6)
+@example([("expect", ("t", 0), True), ("add", ("w", 0), 10, 0), ("add", ("t", 0), 5, 0), ("tick", 3.5),
+          ("release",)], 6)
+def test_release_lets_out_what_a_recomputing_merge_lets_out(steps, max_held):
+    now = [0.0]
+    a = TimeMerge(max_hold_s=3.0, max_held=max_held, clock=lambda: now[0])
+    b = Recomputing(max_hold_s=3.0, max_held=max_held, clock=lambda: now[0])
+    n = 0
+    for s in steps:
+        if s[0] == "tick":
+            now[0] += s[1]
+            continue
+        outs = []
+        for m in (a, b):
+            if s[0] == "add":
+                m.add(s[1], 0, s[2], (s[2], n), s[3])
+            elif s[0] == "expect":
+                m.expect(s[1], 0, s[2])
+            elif s[0] == "progress":
+                m.progress(s[1], s[2])
+            elif s[0] == "hold":
+                m.hold(s[1], s[2], s[3])
+            else:
+                outs.append(getattr(m, s[0])())
+        n += 1
+        if s[0] == "add" or s[0] in ("expect", "progress", "hold"):
+            outs = [a.release(), b.release()]
+        assert outs[0] == outs[1], (s, outs)
+        assert a.held == b.held and a.forced == b.forced
