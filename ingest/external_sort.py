@@ -20,6 +20,7 @@ so few files are ever open. Items of equal key come back in the order they were 
 from __future__ import annotations
 
 import heapq
+import io
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -32,6 +33,8 @@ RUN_RECORDS = 50_000
 # Runs merged into one before more are written, so a merge never opens more files.
 MAX_OPEN_RUNS = 64
 _SEQ_WIDTH = 12  # the order items were added in: the tie-breaker that keeps the sort stable
+_WRITE_LINES = 4096  # lines per write to a run
+_READ_BUFFER = 256 << 10  # per open run: at most MAX_OPEN_RUNS of them
 
 
 class ExternalSort:
@@ -99,11 +102,10 @@ class ExternalSort:
             return
         if buf:
             self._spill()
-        import lz4.frame
 
         decode, skip = self.decode, self._key_width
         with ExitStack() as files:
-            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
+            runs = [_lines(files, p) for p in self._run_paths]
             for line in heapq.merge(*runs):
                 yield decode(line[skip:-1])
 
@@ -117,7 +119,9 @@ class ExternalSort:
         path = self._tmp / f"run-{self.runs:06d}.lz4"
         fmt, encode = self._fmt, self.encode
         with lz4.frame.open(path, "wb", compression_level=0) as f:
-            f.writelines(fmt % (*key, seq, encode(item)) for key, seq, item in buf)
+            # lz4's writer costs a frame chunk per call: write thousands of lines at once
+            for i in range(0, len(buf), _WRITE_LINES):
+                f.write(b"".join([fmt % (*key, seq, encode(item)) for key, seq, item in buf[i:i + _WRITE_LINES]]))
         self._run_paths.append(path)
         self.runs += 1
         if len(self._run_paths) >= self.max_open_runs:
@@ -129,9 +133,23 @@ class ExternalSort:
         assert self._tmp is not None
         path = self._tmp / f"merged-{self.runs:06d}.lz4"
         with ExitStack() as files:
-            runs = [files.enter_context(lz4.frame.open(p, "rb")) for p in self._run_paths]
+            runs = [_lines(files, p) for p in self._run_paths]
             with lz4.frame.open(path, "wb", compression_level=0) as out:
-                out.writelines(heapq.merge(*runs))
+                batch: list[bytes] = []
+                for line in heapq.merge(*runs):
+                    batch.append(line)
+                    if len(batch) >= _WRITE_LINES:
+                        out.write(b"".join(batch))
+                        batch.clear()
+                out.write(b"".join(batch))
         for p in self._run_paths:
             p.unlink()
         self._run_paths = [path]
+
+
+def _lines(files: ExitStack, path: Path) -> io.BufferedReader:
+    """A run's lines; the buffer in front of lz4's reader makes a line a C-level split of
+    a large decompressed chunk instead of a call through lz4's file object."""
+    import lz4.frame
+
+    return files.enter_context(io.BufferedReader(lz4.frame.open(path, "rb"), _READ_BUFFER))

@@ -9,6 +9,8 @@ resident set since exec (``VmHWM``, which the child prints as it exits), CPU sec
 - ``replay``: ``ncclwatch replay --files SPOOL --out FILE``;
 - ``detect``: ``ncclwatch replay --files SPOOL --detect``;
 - ``report``: ``ncclwatch report SPOOL`` (Markdown and figures);
+- ``bare-read``: every line of the spool read and decoded by the fast parser, nothing
+  else (the limit a replay is measured against);
 - ``topic``: ``ncclwatch replay --topic T --out FILE`` and ``topic-detect``:
   ``ncclwatch replay --topic T --detect``, where T holds the same spool (written once
   per length with ``replay --files SPOOL --to-topic T``, unlimited retention; its
@@ -48,8 +50,22 @@ if shim:
 from ncclwatch import cli
 import ncclwatch.records as r
 assert ("/shim-" in r.__file__) == bool(shim), r.__file__
+
+def bare_read(spool):
+    # the limit a replay is held to: every line read and decoded, nothing else
+    from pathlib import Path
+    from ncclwatch.ingest.parse import parse
+    n = 0
+    for f in sorted(Path(spool).rglob("*.jsonl")):
+        with open(f, "rb") as fh:
+            for line in fh:
+                parse(line.rstrip(b"\n"))
+                n += 1
+    print(n, "lines", file=sys.stderr)
+    return 0
+
 try:
-    rc = cli.main(sys.argv[2:])
+    rc = bare_read(sys.argv[3]) if sys.argv[2] == "bare-read" else cli.main(sys.argv[2:])
 finally:
     # peak resident set since exec (ru_maxrss would also count the forked parent's pages)
     hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -107,6 +123,8 @@ def check_topic(topic: str, want: int, n: int) -> None:
 
 
 def argv_for(command: str, spool: Path, out: Path, topic: str = "") -> list[str]:
+    if command == "bare-read":
+        return ["bare-read", str(spool)]
     if command == "topic":
         return ["replay", "--topic", topic, "--out", str(out / "replayed.jsonl"), "--no-progress"]
     if command == "topic-detect":
