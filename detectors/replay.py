@@ -41,6 +41,8 @@ from ncclwatch.detectors.messages import message_lines
 from ncclwatch.detectors.playback import EventsFile, Pacer
 from ncclwatch.ingest import recording
 from ncclwatch.ingest.external_sort import ExternalSort
+from ncclwatch.ingest.parse import parse as fast_parse
+from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.recording import (
     Options,
     ReadStats,
@@ -53,7 +55,7 @@ from ncclwatch.ingest.recording import (
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config
-from ncclwatch.records import Quarantined, parse_line
+from ncclwatch.records import Quarantined
 
 # Kafka consumer settings that avoid kafka-python 3's slow defaults (no group: assign()).
 _CONSUMER = {
@@ -174,7 +176,7 @@ class Item:
     record: Any = None  # the parsed record, where it was parsed already (files)
 
     def parsed(self) -> Any:
-        return self.record if self.record is not None else parse_line(self.raw)
+        return self.record if self.record is not None else parse_record(self.raw)
 
 
 @contextmanager
@@ -202,7 +204,7 @@ def read_topics(
     names = sorted(set(topics))  # the topic's index in the sort key: its name's order
     # Key: [record time, kind,] timestamp, topic, partition, offset, line in the message.
     widths = (20, 1) * by_record_time + (20, 4, 6, 19, 6)
-    sorter = ExternalSort(widths, encode=_encode_item, decode=_decode_item,
+    sorter = ExternalSort(widths, encode=_encode_item, decode=_timed_item if by_record_time else _item,
                           run_records=recording.SORT_RUN_RECORDS,
                           max_open_runs=recording.MAX_OPEN_RUNS)
     consumer = KafkaConsumer(**cfg.kafka.client_kwargs(), **_CONSUMER)
@@ -256,8 +258,8 @@ def read_topics(
                             if not by_record_time:
                                 sorter.add(where, item)
                                 continue
-                            rec = parse_line(line)
-                            if isinstance(rec, Quarantined):
+                            rec = fast_parse(line)
+                            if type(rec) is Quarantined:
                                 continue
                             t, kind = order_key(rec)
                             sorter.add((t + _SHIFT, kind, *where),
@@ -271,15 +273,22 @@ _SHIFT = 1 << 63  # times may be negative; sort keys may not
 
 
 def _encode_item(it: Item) -> bytes:
-    # The message key as hex (any bytes), "-" for none; the line last (it has no newline).
+    # What the sort key does not hold: the timestamp, the message key as hex (any bytes;
+    # "-": none), the line last (it has no newline). The origin was for sorting only.
     key = b"-" if it.key is None else it.key.hex().encode()
-    return b"%d %d %d %d %d %d %s %b" % (it.time_ns, it.timestamp_ms, *it.origin, key, it.raw)
+    return b"%d %b %b" % (it.timestamp_ms, key, it.raw)
 
 
-def _decode_item(line: bytes) -> Item:
-    *nums, key, raw = line.split(b" ", 7)
-    t, ts_ms, ti, part, off, i = map(int, nums)
-    return Item(raw, t, ts_ms, None if key == b"-" else bytes.fromhex(key.decode()), (ti, part, off, i))
+def _item(line: bytes) -> Item:
+    ts_ms, key, raw = line.split(b" ", 2)
+    t = int(ts_ms)
+    return Item(raw, t * 10**6, t, None if key == b"-" else bytes.fromhex(key.decode()), ())
+
+
+def _timed_item(line: bytes) -> Item:
+    it = _item(line)
+    rec = fast_parse(it.raw)
+    return Item(it.raw, record_time_ns(rec), it.timestamp_ms, it.key, (), rec)
 
 
 def _partitions(consumer: Any, topic: str) -> set[int] | None:
