@@ -97,6 +97,9 @@ def topic_of(n: int, spool: Path, cache: Path) -> str:
     topic = f"bench-replay-memory-{n}"
     mark = cache / f"{topic}.count"
     if not mark.exists():
+        if topic_count(topic):
+            raise SystemExit(f"{topic} has messages but no record of how many were written (an interrupted "
+                             "fill?): delete the topic and run again")
         subprocess.run([sys.executable, "-m", "ncclwatch.cli", "replay", "--files", str(spool), "--to-topic", topic,
                         "--no-progress"], check=True)
         mark.write_text(str(topic_count(topic)))
@@ -110,6 +113,8 @@ def topic_count(topic: str) -> int:
     c = KafkaConsumer(bootstrap_servers=os.environ["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"])
     try:
         tps = [TopicPartition(topic, p) for p in c.partitions_for_topic(topic) or ()]
+        if not tps:
+            return 0
         begin, end = c.beginning_offsets(tps), c.end_offsets(tps)
         return sum(end[tp] - begin[tp] for tp in tps)
     finally:
