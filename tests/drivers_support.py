@@ -20,11 +20,12 @@ from typing import Any
 from ncclwatch.detectors.stream import JobDetectors
 from ncclwatch.ingest.recording import order_key, record_time_ns
 from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import op_record
 
 from ncclwatch import routing
 from ncclwatch.config import load
-from ncclwatch.records import OpRecord, ThroughputRecord, WindowSummary, to_json
-from ncclwatch.rules import bandwidths_gbs, record_id
+from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
+from ncclwatch.rules import bandwidths_gbs
 
 T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the generator's
 
@@ -32,36 +33,9 @@ T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the gen
 def _op(job, host, pid, rank, comm, transport, nranks, nnodes, seq, start_ns, nbytes, busbw_gbs):
     _, bus = bandwidths_gbs("AllReduce", nbytes, nranks, 1_000_000)
     exec_ns = int(1_000_000 * bus / busbw_gbs)  # the time that gives this busbw
-    algbw, busbw = bandwidths_gbs("AllReduce", nbytes, nranks, exec_ns)
-    return OpRecord(
-        id=record_id(job, host, pid, comm, rank, "AllReduce", -1, seq),
-        job=job,
-        host=host,
-        pid=pid,
-        gpu=f"GPU-{pid}",
-        comm=comm,
-        comm_name="dp" if transport == "net" else "tp",
-        rank=rank,
-        nranks=nranks,
-        nnodes=nnodes,
-        local_ranks=-(-nranks // nnodes),
-        transport=transport,
-        op="AllReduce",
-        seq=seq,
-        count=nbytes // 4,
-        dtype="ncclFloat32",
-        bytes=nbytes,
-        peer=-1,
-        algo="RING",
-        proto="SIMPLE",
-        channels=8,
-        start_ns=start_ns,
-        exec_ns=exec_ns,
-        timing="kernel_gpu",
-        algbw_gbs=algbw,
-        busbw_gbs=busbw,
-        graph=False,
-    )
+    return op_record(job=job, host=host, pid=pid, gpu=f"GPU-{pid}", comm=comm, rank=rank, seq=seq,
+                     start_ns=start_ns, nbytes=nbytes, nranks=nranks, nnodes=nnodes, exec_ns=exec_ns,
+                     comm_name="dp" if transport == "net" else "tp", transport=transport)
 
 
 def write_spool(spool: Path, *, job="job-w", seconds=60, degrade_from_s=40, loss=0.35, first_s=0, seed=7) -> dict:

@@ -32,15 +32,15 @@ from pathlib import Path
 
 from ncclwatch.detectors.labels import Label, LabelSet
 
-from ncclwatch.records import DropRecord, OpRecord, PluginStats, ThroughputRecord, to_json
+from ncclwatch.records import DropRecord, PluginStats, ThroughputRecord, to_json
 from ncclwatch.rules import (
     NETWORK_TRANSPORTS,
     bandwidths_gbs,
     message_bytes,
-    record_id,
     size_bucket,
     transport_class,
 )
+from ncclwatch_testkit.synth import op_record
 
 HOSTS = ("node-a", "node-b")
 GPUS_PER_NODE = 2
@@ -154,36 +154,10 @@ def write_demo_spool(
                         start_ns += int(base_ns * straggler_delay)  # arrives late, waits least
                     elif late:
                         exec_ns += int(base_ns * straggler_delay)  # waits for the straggler
-                    algbw, busbw = bandwidths_gbs(c.op, nbytes, len(c.members), exec_ns)
-                    rec = OpRecord(
-                        id=record_id(job, host_of(g), pid_of(g), c.comm, rank, c.op, -1, seq),
-                        job=job,
-                        host=host_of(g),
-                        pid=pid_of(g),
-                        gpu=f"GPU-{g}",
-                        comm=c.comm,
-                        comm_name=c.name,
-                        rank=rank,
-                        nranks=len(c.members),
-                        nnodes=nnodes,
-                        local_ranks=-(-len(c.members) // nnodes),
-                        transport=transport,
-                        op=c.op,
-                        seq=seq,
-                        count=c.count,
-                        dtype="ncclFloat32",
-                        bytes=nbytes,
-                        peer=-1,
-                        algo="RING",
-                        proto="SIMPLE",
-                        channels=8,
-                        start_ns=start_ns,
-                        exec_ns=exec_ns,
-                        timing="kernel_gpu",
-                        algbw_gbs=algbw,
-                        busbw_gbs=busbw,
-                        graph=False,
-                    )
+                    rec = op_record(job=job, host=host_of(g), pid=pid_of(g), gpu=f"GPU-{g}", comm=c.comm,
+                                    rank=rank, seq=seq, start_ns=start_ns, op=c.op, nbytes=nbytes,
+                                    nranks=len(c.members), nnodes=nnodes, exec_ns=exec_ns,
+                                    comm_name=c.name, transport=transport)
                     lines[g].append(to_json(rec))
         if s == seconds // 3:  # the plugin's ring overflowed once on one rank
             lines[3].append(

@@ -19,18 +19,21 @@ T0_NS = 1_763_790_000_000_000_000
 OPS = ("AllReduce", "AllGather", "ReduceScatter")
 
 
-def op_record(*, job: str, host: str, pid: int, gpu: str, comm: int, rank: int, seq: int,
+def op_record(*, job: str, host: str, pid: int, gpu: str, comm: int | str, rank: int, seq: int,
               start_ns: int, op: str = "AllReduce", nbytes: int = 1 << 20, nranks: int = 8,
-              nnodes: int = 1, exec_ns: int = 50_000) -> OpRecord:
-    comm_s = rules.comm_hex(comm)
+              nnodes: int = 1, exec_ns: int = 50_000, comm_name: str | None = None,
+              transport: str | None = None) -> OpRecord:
+    """One op record as the plugin writes it (``comm``: a number, or the hex string as it
+    stands; the transport class follows from ranks and nodes unless given)."""
+    comm_s = comm if isinstance(comm, str) else rules.comm_hex(comm)
     algbw, busbw = rules.bandwidths_gbs(op, nbytes, nranks, exec_ns)
     return OpRecord(
         id=rules.record_id(job, host, pid, comm_s, rank, op, -1, seq), job=job, host=host,
-        pid=pid, gpu=gpu, comm=comm_s, comm_name=f"c{comm}", rank=rank, nranks=nranks,
-        nnodes=nnodes, local_ranks=rules.local_ranks(nranks, nnodes),
-        transport=rules.transport_class(nranks, nnodes), op=op, seq=seq, count=nbytes // 4,
-        dtype="ncclFloat32", bytes=nbytes, peer=-1, algo="RING", proto="SIMPLE", channels=8,
-        start_ns=start_ns, exec_ns=exec_ns, timing="kernel_gpu", algbw_gbs=algbw,
+        pid=pid, gpu=gpu, comm=comm_s, comm_name=f"c{comm}" if comm_name is None else comm_name,
+        rank=rank, nranks=nranks, nnodes=nnodes, local_ranks=rules.local_ranks(nranks, nnodes),
+        transport=transport or rules.transport_class(nranks, nnodes), op=op, seq=seq,
+        count=nbytes // 4, dtype="ncclFloat32", bytes=nbytes, peer=-1, algo="RING", proto="SIMPLE",
+        channels=8, start_ns=start_ns, exec_ns=exec_ns, timing="kernel_gpu", algbw_gbs=algbw,
         busbw_gbs=busbw, graph=False)
 
 
