@@ -298,6 +298,32 @@ class RatioBaseline(base.Base):
         return obj
 
 
+def learn_or_hold(model: Any, held: list[float], value: float, degraded: bool) -> list[float]:
+    """Learn ``value`` unless it is degraded; return the values still held back.
+
+    A degraded value may be the start of an incident, which must not move the baseline
+    it is judged against, nor be lost if it proves a blip: it is held back, and once a
+    healthy value comes (the streak never became an incident) the held ones are learned
+    first, in order. The caller drops what is held when a rule fires instead.
+
+    >>> b = RatioBaseline(warmup=1)
+    >>> held = learn_or_hold(b, [], 100.0, degraded=False)
+    >>> held = learn_or_hold(b, held, 80.0, degraded=True)
+    >>> held, round(b.baseline, 6)          # held back: the baseline has not moved
+    ([80.0], 100.0)
+    >>> held = learn_or_hold(b, held, 100.0, degraded=False)
+    >>> held, b.baseline < 100.0            # a blip after all: learned, then the new one
+    ([], True)
+    """
+    if degraded:
+        held.append(value)
+        return held
+    for v in held:
+        model.learn_one(v)
+    model.learn_one(value)
+    return []
+
+
 class DriftEvidence(base.Base):
     """river's Page-Hinkley test on log residuals, kept as supporting evidence.
 

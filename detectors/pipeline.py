@@ -47,7 +47,7 @@ from ncclwatch.records import (
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
 from .attribution import Verdict, attribute, degraded_now, rule_degraded
-from .baseline import DriftEvidence, RatioBaseline
+from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .model import BusbwModel
 from .straggler import MIN_REL, StragglerScorer, relative_exec
@@ -563,26 +563,20 @@ class Pipeline:
         elif ks.streak.windows:
             ks.streak = Streak()
         if transition is None and not rule.firing:
-            if degraded:
-                ks.unlearned.append(obs)
-            elif end <= ks.frozen_until:
+            if not degraded and end <= ks.frozen_until:
                 ks.unlearned = []
                 base.learn_one(obs, level=False)
                 if len(ks.frozen_obs) < self.cfg.drift_freeze_windows:
                     ks.frozen_obs.append(obs)
             else:
-                if ks.frozen_obs:
+                if not degraded and ks.frozen_obs:
                     # The freeze ran out without a degradation: the drift stayed under
                     # the threshold, so where it settled is the new normal (else the
                     # key would sit just under the threshold, one wobble from alerting).
                     fo = sorted(ks.frozen_obs)
                     base.relevel(fo[len(fo) // 2])
                     ks.frozen_obs = []
-                if ks.unlearned:
-                    for o in ks.unlearned:
-                        base.learn_one(o)
-                    ks.unlearned = []
-                base.learn_one(obs)
+                ks.unlearned = learn_or_hold(base, ks.unlearned, obs, degraded)
         else:
             ks.unlearned = []
             ks.frozen_obs = []
@@ -617,13 +611,7 @@ class Pipeline:
         rule = ks.spread_rule
         transition = rule.update(effect, start, degraded)
         if transition is None and not rule.firing:
-            if degraded:
-                ks.spread_unlearned.append(spread)
-            else:
-                for v in ks.spread_unlearned:
-                    sb.learn_one(v)
-                ks.spread_unlearned = []
-                sb.learn_one(spread)
+            ks.spread_unlearned = learn_or_hold(sb, ks.spread_unlearned, spread, degraded)
         elif ks.spread_unlearned:
             ks.spread_unlearned = []
         return transition, effect
@@ -1128,13 +1116,7 @@ class Pipeline:
         transition = tp.rule.update(effect, start, degraded)
         trouble = self._comm_trouble(job)
         if transition is None and not tp.rule.firing and not trouble:
-            if degraded:
-                tp.unlearned.append(value)
-            else:
-                for v in tp.unlearned:
-                    base.learn_one(v)
-                tp.unlearned = []
-                base.learn_one(value)
+            tp.unlearned = learn_or_hold(base, tp.unlearned, value, degraded)
         else:
             tp.unlearned = []
         tinc = job.find("throughput_drop", "")
