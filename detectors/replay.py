@@ -253,10 +253,9 @@ def read_topics(
                         # a message may pack several records (JSON Lines): one item each
                         for i, line in enumerate(message_lines(msg.value or b"")):
                             origin = (ti, tp.partition, msg.offset, i)
-                            item = Item(line, msg.timestamp * 10**6, msg.timestamp, msg.key, origin)
                             where = (msg.timestamp + _SHIFT, *origin)
                             if not by_record_time:
-                                sorter.add(where, item)
+                                sorter.add(where, Item(line, msg.timestamp * 10**6, msg.timestamp, msg.key, origin))
                                 continue
                             rec = fast_parse(line)
                             if type(rec) is Quarantined:
@@ -389,7 +388,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
             items = stack.enter_context(
                 read_topics(cfg, args.topic, since_ns, until_ns, offsets, by_record_time=args.detect))
             source: Iterable[Item] = items
-            count, kinds = items.total, None
+            count, kinds = items.total, (None if items.total else set())  # None: found as they come
         else:
             options = Options.from_config(cfg.ingest, training_logs=args.training_log, job=args.job)
             try:
