@@ -37,6 +37,10 @@ _WRITE_LINES = 4096  # lines per write to a run
 _READ_BUFFER = 256 << 10  # per open run: at most MAX_OPEN_RUNS of them
 
 
+class SortSpaceError(RuntimeError):
+    """The temporary space a long sort needs could not be written (a full disk, say)."""
+
+
 class ExternalSort:
     """Add ``(key, item)`` pairs, then iterate the items once in key order.
 
@@ -110,6 +114,15 @@ class ExternalSort:
                 yield decode(line[skip:-1])
 
     def _spill(self) -> None:
+        try:
+            self._write_run()
+        except OSError as e:
+            where = self._tmp or tempfile.gettempdir()
+            raise SortSpaceError(
+                f"sorting more than {self.run_records:,} records needs temporary space, and writing "
+                f"it in {where} failed: {e.strerror or e} (TMPDIR chooses where it goes)") from e
+
+    def _write_run(self) -> None:
         import lz4.frame
 
         buf, self._memory = self._memory, []

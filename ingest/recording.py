@@ -168,8 +168,12 @@ def opened_recording(path: str | Path) -> Iterator[Path]:
     p = Path(path)
     if is_archive(p):
         with tempfile.TemporaryDirectory(prefix="ncclwatch-replay-") as tmp:
-            with tarfile.open(p) as tar:
-                tar.extractall(tmp, filter="data")
+            try:
+                with tarfile.open(p) as tar:
+                    tar.extractall(tmp, filter="data")
+            except OSError as e:  # a full disk, most often: say where, and what chooses it
+                raise RecordingError(f"{p}: unpacking it into {tmp} failed: {e.strerror or e} "
+                                     "(TMPDIR chooses where archives are unpacked)") from e
             yield Path(tmp)
     else:
         yield p

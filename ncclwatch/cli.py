@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from ncclwatch import __version__, config, redact
+from ncclwatch.ingest.external_sort import SortSpaceError
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:  # a setting only a command reads (a metrics web config, say)
         print(f"ncclwatch {args.command}: configuration error: {e}", file=sys.stderr)
         return 2
+    except SortSpaceError as e:  # a replay longer than memory, and no room to sort it on disk
+        print(f"ncclwatch {args.command}: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE

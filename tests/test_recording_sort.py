@@ -8,6 +8,8 @@ same output with spills as without.
 from __future__ import annotations
 
 import json
+import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,28 @@ def test_many_runs_are_merged_into_one_before_too_many_files_are_open(monkeypatc
     assert spilled.runs > 8 and 1 <= len(files) < 4, files
     assert any(f.startswith("merged-") for f in files)
     assert [_where(e) for e in merged] == [_where(e) for e in in_memory]
+
+
+def test_a_full_disk_under_the_sort_is_a_clear_error_and_leaves_nothing_behind(small_fs, tmp_path,
+                                                                             monkeypatch, capsys):
+    run = tmp_path / "run"
+    with tarfile.open(PLUGIN_RUN) as tar:  # unpacked here, on a disk with room
+        tar.extractall(run, filter="data")
+    (small_fs / "filler").write_bytes(b"\0" * (8 * 2**20 - 64 * 2**10))  # 64 KiB left
+    monkeypatch.setattr(tempfile, "tempdir", str(small_fs))
+    monkeypatch.setattr(recording, "SORT_RUN_RECORDS", 2000)  # runs far larger than what is left
+    out = tmp_path / "replayed.jsonl"
+    assert cli.main(["replay", "--files", str(run), "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "needs temporary space" in err and str(small_fs) in err and "TMPDIR" in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]  # the spill directory is gone
+
+
+def test_a_full_disk_under_an_archive_is_a_clear_error(small_fs, tmp_path, monkeypatch, capsys):
+    (small_fs / "filler").write_bytes(b"\0" * (8 * 2**20 - 64 * 2**10))  # 64 KiB left
+    monkeypatch.setattr(tempfile, "tempdir", str(small_fs))
+    assert cli.main(["replay", "--files", str(PLUGIN_RUN), "--out", str(tmp_path / "o.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "unpacking it into" in err and "TMPDIR" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]
