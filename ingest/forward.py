@@ -425,8 +425,12 @@ class Forwarder:
         """
         st = self.aligned
         total = 0
+        # Streams found caught up are not polled again in this call (a stat per file per
+        # round, for nothing, with hundreds of streams); the next call looks again.
+        caught_up: set[str] = set()
         for _ in range(256):  # rounds; each one advances the slowest stream
             horizon, skip = self._plan(st)
+            skip |= caught_up
             n_streams = max(1, len(tailer.stream_ids) - len(skip))
             per = max(64, budget // n_streams)
             chunks = tailer.poll_chunks(budget, per_stream=per, skip=skip)
@@ -434,7 +438,9 @@ class Forwarder:
             behind = st.behind
             limited = tailer.limited
             for sid in tailer.read_streams:
-                behind[sid] = sid in limited or sid in gave
+                behind[sid] = is_behind = sid in limited or sid in gave
+                if not is_behind:
+                    caught_up.add(sid)
             total += n
             budget -= n
             if budget <= 0 or (n == 0 and not gave) or not any(behind.values()):

@@ -76,7 +76,9 @@ def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, 
     rc = fwd.run()
     if prof:
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        # BENCH_SORT=cumtime BENCH_TOP=40: another view of the same profile
+        top = int(os.environ.get("BENCH_TOP", "25"))
+        pstats.Stats(prof).sort_stats(os.environ.get("BENCH_SORT", "tottime")).print_stats(top)
     c1, w1 = cpu_s(), time.perf_counter()
     shutil.rmtree(state, ignore_errors=True)
     assert rc == 0
