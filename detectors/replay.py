@@ -25,6 +25,7 @@ by time. A progress bar goes to stderr when it is a terminal.
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import math
 import re
@@ -53,7 +54,7 @@ from ncclwatch.ingest.recording import (
     record_time_ns,
 )
 
-from ncclwatch import progress, routing
+from ncclwatch import progress, redact, routing
 from ncclwatch.config import Config
 from ncclwatch.records import Quarantined
 
@@ -383,6 +384,30 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
         if args.to_topic and args.to_topic in args.topic:
             return fail("refusing to replay a topic into itself")
 
+    from kafka.errors import KafkaError
+
+    try:
+        n = _run(args, cfg, out, since_ns, until_ns, offsets)
+    except (KafkaError, NotAcknowledged) as e:  # a broker down or failing: say so, no traceback
+        from ncclwatch.ingest.kafka_sink import describe
+
+        # the client's message may name the brokers: redacted, as in every log line
+        why = redact.install_for(cfg).redact(f"{type(e).__name__}: {e}")
+        print(f"ncclwatch replay: Kafka ({describe(cfg.kafka)}): {why}", file=sys.stderr)
+        return 1
+    if n < 0:
+        return 2
+    print(f"replayed {n} record(s)", file=sys.stderr)
+    return 0
+
+
+class NotAcknowledged(RuntimeError):
+    """Kafka did not acknowledge what ``replay`` published, within the time allowed."""
+
+
+def _run(args: argparse.Namespace, cfg: Config, out: TextIO, since_ns: int | None, until_ns: int | None,
+         offsets: list[OffsetRange]) -> int:
+    """Replay as the arguments say; how many records (-1: an error, already said)."""
     with ExitStack() as stack:
         if args.topic:
             items = stack.enter_context(
@@ -395,7 +420,8 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
                 recording = stack.enter_context(
                     read_files(args.files, since_ns, until_ns, ReadStats(), options, fast=not args.detect))
             except RecordingError as e:
-                return fail(str(e))
+                print(f"ncclwatch replay: {e}", file=sys.stderr)
+                return -1
             for note in recording.stats.notes():
                 print(note, file=sys.stderr)
             source, count, kinds = file_items(recording), recording.total, set(recording.kinds)
@@ -408,8 +434,7 @@ def run(args: argparse.Namespace, cfg: Config, *, out: TextIO | None = None) -> 
                 n = _to_file(source, args.out, pacer, bar)
             else:
                 n = _to_kafka(cfg, source, kinds, pacer, bar, args.to_topic, args.topic_prefix)
-    print(f"replayed {n} record(s)", file=sys.stderr)
-    return 0
+    return n
 
 
 def _paced(items: Iterable[Item], pacer: Pacer, bar: Any) -> Iterator[Item]:
@@ -482,6 +507,9 @@ def _to_kafka(
         ensure_topics(cfg.kafka, cfg.topics, sorted(targets), retention_ms=-1)
     producer = KafkaProducer(**cfg.kafka.client_kwargs(), acks="all", linger_ms=20)
     n = 0
+    # kafka-python bounds neither its queue nor the wait for a broker that stopped
+    # answering: hold at most MAX_UNACKED sends, and wait at most ACK_TIMEOUT_S for one.
+    unacked: collections.deque = collections.deque()
     try:
         for it in _paced(items, pacer, bar):
             rec = it.parsed()
@@ -496,9 +524,31 @@ def _to_kafka(
                 if topic not in ensured:
                     ensure_topics(cfg.kafka, cfg.topics, [topic], retention_ms=-1)
                     ensured.add(topic)
-            producer.send(topic, key=key, value=it.raw, timestamp_ms=it.timestamp_ms)
+            unacked.append(producer.send(topic, key=key, value=it.raw, timestamp_ms=it.timestamp_ms))
             n += 1
-        producer.flush()
+            if len(unacked) >= MAX_UNACKED:
+                _await_acks(unacked, MAX_UNACKED // 2, n)
+        producer.flush(timeout=ACK_TIMEOUT_S)
+        _await_acks(unacked, 0, n)
     finally:
-        producer.close()
+        producer.close(timeout=5)
     return n
+
+
+MAX_UNACKED = 20_000  # records sent and not acknowledged yet, at most
+ACK_TIMEOUT_S = 60.0  # the longest wait for one acknowledgement
+
+
+def _await_acks(unacked: collections.deque, keep: int, sent: int) -> None:
+    """Wait until at most ``keep`` sends are unacknowledged (oldest first)."""
+    from kafka.errors import KafkaError
+
+    while len(unacked) > keep:
+        try:
+            unacked[0].get(timeout=ACK_TIMEOUT_S)
+        except KafkaError as e:
+            done = sent - len(unacked)
+            raise NotAcknowledged(
+                f"a record was not acknowledged ({type(e).__name__}: {e}); {done} of the {sent} sent so far "
+                "were: replay the range again once Kafka answers") from e
+        unacked.popleft()

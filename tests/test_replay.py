@@ -181,6 +181,41 @@ def test_files_into_a_topic_keep_the_record_times_and_pace_by_speed(kafka_bootst
         assert m.key == r.job.encode()
 
 
+def test_a_replay_waits_for_acknowledgements_in_bounded_steps_and_loses_nothing(kafka_bootstrap, tmp_path,
+                                                                                 monkeypatch, capsys):
+    from ncclwatch.detectors import replay
+
+    env = topics_env(kafka_bootstrap)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(replay, "MAX_UNACKED", 40)  # waits every 20 sends
+    waits: list[int] = []  # unacknowledged sends at each wait
+    await_acks = replay._await_acks
+    monkeypatch.setattr(replay, "_await_acks", lambda q, keep, sent: (waits.append(len(q)), await_acks(q, keep, sent)))
+    records = window_scenario("job-b", seconds=30, degrade_from_s=100)
+    src = tmp_path / "run.jsonl"
+    src.write_text("".join(to_json(r) + "\n" for r in records))
+    target = testing.unique_name("bounded")
+    assert cli.main(["replay", "--files", str(src), "--to-topic", target, "--no-progress"]) == 0
+    assert f"replayed {len(records)} record(s)" in capsys.readouterr().err
+    msgs = read_topic(kafka_bootstrap, target, min_count=len(records), idle_s=0.5)
+    assert sorted(m.value.decode() for m in msgs) == sorted(to_json(r) for r in records)
+    assert len(waits) > 5 and max(waits) <= 40, waits
+
+
+def test_a_broker_that_is_down_is_a_clear_error_that_names_no_address(tmp_path, monkeypatch, capsys):
+    gate = testing.TcpGate("127.0.0.1:9")  # closed: nothing answers there
+    monkeypatch.setenv("NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS", gate.address)
+    src = tmp_path / "run.jsonl"
+    src.write_text("".join(to_json(r) + "\n" for r in window_scenario("job-d", seconds=2, degrade_from_s=100)))
+    t0 = time.monotonic()
+    assert cli.main(["replay", "--files", str(src), "--to-topic", "x.y", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "ncclwatch replay: Kafka (" in err and "Traceback" not in err, err
+    assert gate.address not in err and str(gate.port) not in err.split("ncclwatch replay:")[-1]
+    assert time.monotonic() - t0 < 60
+
+
 def test_replay_refuses_to_write_into_live_topics_without_into_live(tmp_path, capsys):
     src = tmp_path / "r.jsonl"
     src.write_text("")
