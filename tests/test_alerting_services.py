@@ -9,6 +9,7 @@ training-job id, so groups (by job) and assertions never mix with other tests.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -16,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -122,6 +124,25 @@ def make_sink(url: str, **kw: Any) -> AlertSink:
     return AlertSink(client=client, resend_interval_s=5, links=LINKS, **kw)
 
 
+@contextlib.contextmanager
+def ticking(sink: AlertSink, every_s: float = 0.5) -> Iterator[AlertSink]:
+    """Tick the sink while the block runs, as the worker and ``watch`` do: a POST that
+    failed (a loaded machine's 2 s timeout) is retried, active alerts are re-sent."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            sink.tick()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield sink
+    finally:
+        stop.set()
+        t.join(5)
+
+
 def is_firing(name: str) -> Callable[[str, dict], bool]:
     return lambda path, a: a["labels"]["alertname"] == name and a["status"] == "firing"
 
@@ -136,25 +157,26 @@ def is_resolved(name: str) -> Callable[[str, dict], bool]:
 def test_anomaly_firing_then_resolved_reaches_on_call_with_labels_and_annotations(am, webhook):
     job = testing.unique_name("job")
     sink = make_sink(am)
-    ev = anomaly(job)
-    sink.handle(ev)
-    got = webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
-    assert got["path"] == "/page"  # critical pages
-    assert got["labels"] == {
-        "alertname": "NcclNetworkPathDegraded", "training_job": job, "severity": "critical",
-        "anomaly_id": ev.id, "source": "ncclwatch", "comm": "0x00000000000000ab",
-        "op": "AllReduce", "size_bucket": "64MiB", "transport": "net", "node": "node-3",
-    }
-    ann = got["annotations"]
-    assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
-    assert "-13.0%" in ann["summary"]
-    assert ann["runbook_url"] == "https://runbooks.example.com/ncclwatch/NcclNetworkPathDegraded.md"
-    assert "/d/ncclwatch-comm?" in ann["dashboard_url"] and f"var-job={job}" in ann["dashboard_url"]
+    with ticking(sink):
+        ev = anomaly(job)
+        sink.handle(ev)
+        got = webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+        assert got["path"] == "/page"  # critical pages
+        assert got["labels"] == {
+            "alertname": "NcclNetworkPathDegraded", "training_job": job, "severity": "critical",
+            "anomaly_id": ev.id, "source": "ncclwatch", "comm": "0x00000000000000ab",
+            "op": "AllReduce", "size_bucket": "64MiB", "transport": "net", "node": "node-3",
+        }
+        ann = got["annotations"]
+        assert "30.00 GB/s vs baseline 40.00 GB/s (-25.0%)" in ann["description"]
+        assert "-13.0%" in ann["summary"]
+        assert ann["runbook_url"] == "https://runbooks.example.com/ncclwatch/NcclNetworkPathDegraded.md"
+        assert "/d/ncclwatch-comm?" in ann["dashboard_url"] and f"var-job={job}" in ann["dashboard_url"]
 
-    sink.handle(resolved(ev))
-    done = webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
-    assert done["path"] == "/page" and done["labels"] == got["labels"]
-    assert sink.pending() == 0 and sink.active() == 0
+        sink.handle(resolved(ev))
+        done = webhook.wait(job, is_resolved("NcclNetworkPathDegraded"))
+        assert done["path"] == "/page" and done["labels"] == got["labels"]
+        assert sink.pending() == 0 and sink.active() == 0
 
 
 def test_warning_tickets_info_goes_nowhere_and_telemetry_loss_has_its_own_route(am, webhook):
@@ -163,33 +185,36 @@ def test_warning_tickets_info_goes_nowhere_and_telemetry_loss_has_its_own_route(
     sink.handle(anomaly(job, type="collective_degraded", severity="warning", attribution="unknown"))
     sink.handle(anomaly(job, type="straggler", severity="info", rank=3))
     sink.handle(anomaly(job, type="telemetry_loss", severity="critical", attribution="telemetry"))
-    assert webhook.wait(job, is_firing("NcclCollectiveDegraded"), timeout_s=60)["path"] == "/ticket"
-    assert webhook.wait(job, is_firing("NcclTelemetryLoss"), timeout_s=60)["path"] == "/telemetry"
-    held = AlertmanagerClient(am).get_alerts(training_job=job, alertname="NcclStragglerRank")
-    assert [r["name"] for r in held[0]["receivers"]] == ["ncclwatch-null"]
-    assert "NcclStragglerRank" not in {a["labels"]["alertname"] for _, a in webhook.alerts(job)}
+    with ticking(sink):
+        assert webhook.wait(job, is_firing("NcclCollectiveDegraded"), timeout_s=60)["path"] == "/ticket"
+        assert webhook.wait(job, is_firing("NcclTelemetryLoss"), timeout_s=60)["path"] == "/telemetry"
+        held = AlertmanagerClient(am).get_alerts(training_job=job, alertname="NcclStragglerRank")
+        assert [r["name"] for r in held[0]["receivers"]] == ["ncclwatch-null"]
+        assert "NcclStragglerRank" not in {a["labels"]["alertname"] for _, a in webhook.alerts(job)}
 
 
 def test_network_path_alert_inhibits_collective_degraded_of_the_same_job_only(am, webhook):
     job, other = testing.unique_name("job"), testing.unique_name("job")
     sink = make_sink(am)
-    sink.handle(anomaly(job, type="network_path", severity="warning"))
-    webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
-    sink.handle(anomaly(job, type="collective_degraded", severity="warning"))
-    sink.handle(anomaly(other, type="collective_degraded", severity="warning"))
-    webhook.wait(other, is_firing("NcclCollectiveDegraded"))  # other job: not inhibited
-    client = AlertmanagerClient(am)
-    target = client.get_alerts(training_job=job, alertname="NcclCollectiveDegraded")[0]
-    assert target["status"]["state"] == "suppressed" and target["status"]["inhibitedBy"]
-    time.sleep(3)  # three group intervals: an uninhibited alert would have been notified
-    names = [a["labels"]["alertname"] for _, a in webhook.alerts(job)]
-    assert "NcclCollectiveDegraded" not in names
+    with ticking(sink):
+        sink.handle(anomaly(job, type="network_path", severity="warning"))
+        webhook.wait(job, is_firing("NcclNetworkPathDegraded"))
+        sink.handle(anomaly(job, type="collective_degraded", severity="warning"))
+        sink.handle(anomaly(other, type="collective_degraded", severity="warning"))
+        webhook.wait(other, is_firing("NcclCollectiveDegraded"))  # other job: not inhibited
+        client = AlertmanagerClient(am)
+        target = client.get_alerts(training_job=job, alertname="NcclCollectiveDegraded")[0]
+        assert target["status"]["state"] == "suppressed" and target["status"]["inhibitedBy"]
+        time.sleep(3)  # three group intervals: an uninhibited alert would have been notified
+        names = [a["labels"]["alertname"] for _, a in webhook.alerts(job)]
+        assert "NcclCollectiveDegraded" not in names
 
 
 def test_sink_alert_inhibits_the_duplicate_from_prometheus_rules(am, webhook):
     job = testing.unique_name("job")
-    make_sink(am).handle(anomaly(job, type="straggler", severity="warning", rank=2))
-    webhook.wait(job, is_firing("NcclStragglerRank"))
+    with ticking(make_sink(am)) as sink:
+        sink.handle(anomaly(job, type="straggler", severity="warning", rank=2))
+        webhook.wait(job, is_firing("NcclStragglerRank"))
     # what the Prometheus rule would send for the same straggler
     AlertmanagerClient(am).post_alerts([{"labels": {
         "alertname": "NcclStragglerRank", "training_job": job, "comm": "0x00000000000000ab", "rank": "2",
