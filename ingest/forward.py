@@ -874,6 +874,7 @@ class Forwarder:
         """Kafka is failing: move every unfinished batch, in order, to the disk buffer;
         from the first one that does not fit on, they are held, so the order stays."""
         self.metrics.kafka_spills.labels(why).inc()
+        self._drop_fatal_producer()
         n = 0
         blocked = False
         for b in self.batches:
@@ -886,6 +887,15 @@ class Forwarder:
                         "buffer_bytes=%d", why, n, self.buffer.pending_bytes)
         self.mode = SPILL
         self.next_attempt = self.clock() + self.backoff_s
+
+    def _drop_fatal_producer(self) -> None:
+        """librdkafka gave up on the producer (``RdKafkaProducer.fatal``): let it go, so
+        that the next attempt connects a new one instead of failing forever."""
+        if getattr(self.producer, "fatal", ""):
+            log.error("event=kafka_producer_replaced error=%s", self.producer.fatal)
+            with contextlib.suppress(Exception):
+                self.producer.close(timeout=0)
+            self.producer = None
 
     def _collect(self) -> None:
         """Retire finished batches from the head; the newest retired snapshot is safe."""
@@ -922,6 +932,7 @@ class Forwarder:
             if self.drain.errors:
                 log.warning("event=buffer_drain_failed error=%s retry_in_s=%.1f",
                             type(self.drain.errors[0]).__name__, self.backoff_s)
+                self._drop_fatal_producer()
                 self.next_attempt = now + self.backoff_s
                 self.backoff_s = min(self.backoff_s * 2, 30.0)
                 self.drain = None

@@ -95,8 +95,15 @@ class Delivery:
 def producer_conf(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int, linger_ms: int,
                   request_timeout_ms: int, delivery_timeout_ms: int) -> dict[str, Any]:
     """librdkafka settings with the same guarantees as the kafka-python producer's
-    (``kafka_sink.make_producer``): acks from all replicas, one request in flight per
-    connection (send order kept across retries), retries until the delivery timeout."""
+    (``kafka_sink.make_producer``): acks from all replicas, each partition in send order
+    across retries, retries until the delivery timeout.
+
+    The order needs librdkafka's idempotent producer. One request in flight is not enough
+    on its own: librdkafka builds the next requests of a partition while one is in flight,
+    and re-queues the messages of a request that failed with a retriable error (a fresh
+    topic's "not leader", a leader election) behind them, silently. CI saw a
+    communicator's records arrive out of order that way (docs/ingest.md, "Producer").
+    """
     conf: dict[str, Any] = {
         "bootstrap.servers": kafka.bootstrap_servers,
         "client.id": kafka.client_id,
@@ -104,7 +111,9 @@ def producer_conf(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int
         "compression.type": compression,
         "batch.size": batch_size_bytes,
         "linger.ms": linger_ms,
-        "enable.idempotence": False,
+        "enable.idempotence": True,
+        # One request in flight: brokers before the fix of KAFKA-15591 (2026) could append
+        # a second in-flight request to a fresh partition ahead of a first one refused.
         "max.in.flight.requests.per.connection": 1,
         "request.timeout.ms": request_timeout_ms,
         "message.timeout.ms": max(delivery_timeout_ms, request_timeout_ms + linger_ms),
@@ -120,14 +129,20 @@ def producer_conf(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int
 
 
 class RdKafkaProducer:
-    """``confluent_kafka.Producer`` with kafka-python's ``send``/``flush``/``close``."""
+    """``confluent_kafka.Producer`` with kafka-python's ``send``/``flush``/``close``.
+
+    :attr:`fatal` is set once librdkafka reports a fatal error (the idempotent producer
+    can no longer keep its guarantees): every later send fails, and the owner replaces
+    the producer (the forwarder does, after spilling what was unacknowledged).
+    """
 
     def __init__(self, conf: dict[str, Any], poll_interval_s: float = 0.05):
         from confluent_kafka import Producer
 
+        self.fatal = ""
         # through Python's logging, where the redaction of broker addresses and secrets
         # applies (ncclwatch/redact.py), instead of librdkafka's own stderr lines
-        self._producer = Producer({**conf, "logger": log})
+        self._producer = Producer({**conf, "logger": log, "error_cb": self.on_error})
         self._stop = threading.Event()
         self._poll_interval_s = poll_interval_s
         self._poller = threading.Thread(target=self._poll, name="ncclwatch-rdkafka-poll", daemon=True)
@@ -137,7 +152,15 @@ class RdKafkaProducer:
         while not self._stop.is_set():
             self._producer.poll(self._poll_interval_s)
 
+    def on_error(self, err: Any) -> None:
+        """librdkafka's ``error_cb``: client-level errors (most are retried inside it)."""
+        if err.fatal():
+            self.fatal = err.str()
+            log.error("event=kafka_producer_fatal error=%s", self.fatal)
+
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> Delivery:
+        if self.fatal:
+            raise DeliveryError(f"producer failed fatally: {self.fatal}")
         delivery = Delivery()
         try:
             self._producer.produce(topic, value=value, key=key, on_delivery=delivery.done)
@@ -153,6 +176,9 @@ class RdKafkaProducer:
 
     def close(self, timeout: float | None = None) -> None:
         try:
+            if self.fatal:  # nothing more will be delivered: drop the queues, do not wait
+                self._producer.purge()
+                return
             self.flush(timeout)
         finally:
             self._stop.set()
