@@ -11,6 +11,9 @@ process spends.
         [--producers kafka-python,confluent-kafka] [--out docs/bench/ingest.md] [--profile]
     .venv/bin/python bench/ingest/bench_forward.py --streams 2,16,256 [--repeats 5]
 
+A producer named ``confluent-kafka:no-idempotence`` is librdkafka with its idempotent
+producer off (as shipped before 2026-11-25), to measure what the order guarantee costs.
+
 ``--streams``: the shipped configuration (100 ops per message, lz4, 2000-line batches,
 the default producer) on spools of the same records spread over that many streams
 (processes) of one node, the spools alternating within every repeat; the spools are a
@@ -20,6 +23,7 @@ backlog (directories dated a minute back, :func:`backlog`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import os
@@ -56,6 +60,28 @@ def cpu_s() -> float:
 
 def one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, batch: int,
             profile: bool = False, producer: str = config.KafkaConfig.producer) -> tuple[float, float, int]:
+    producer, _, variant = producer.partition(":")
+    if variant not in ("", "no-idempotence"):
+        raise SystemExit(f"unknown producer variant {variant!r}")
+    with _idempotence(variant != "no-idempotence"):
+        return _one_run(bootstrap, spool, records, per_msg, codec, batch, profile, producer)
+
+
+@contextlib.contextmanager
+def _idempotence(on: bool):
+    """librdkafka's settings with ``enable.idempotence`` forced (a benchmark knob only)."""
+    from ncclwatch.ingest import rdkafka
+
+    shipped = rdkafka.producer_conf
+    rdkafka.producer_conf = lambda *a, **kw: {**shipped(*a, **kw), "enable.idempotence": on}
+    try:
+        yield
+    finally:
+        rdkafka.producer_conf = shipped
+
+
+def _one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str, batch: int,
+             profile: bool, producer: str) -> tuple[float, float, int]:
     prefix = testing.unique_name("bench")
     env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4",
            # recorded times: no retention may delete them
