@@ -3,18 +3,14 @@
 At start the worker notes the end offset of every partition of its input topics. It is
 caught up when its consumer group has *committed* at least that offset on each of them:
 committed, not fetched, because the worker commits a message only after its anomaly
-events are published and its state is saved, so nothing read is left half done. The
-worker's internal telemetry topic is fed while the run goes (drop records re-keyed from
-``nccl.ops``), so it must be read to its end offset at the moment the others are done.
+events are published and its state is saved, so nothing read is left half done.
 Messages that arrive after the start do not hold the worker back: a drain processes a
 backlog (a replay into fresh topics, a batch re-run), it does not wait for a live stream
 to end. Several workers of one group each stop once the group is caught up.
 
->>> d = Drain({("w", 0): 10, ("w", 1): 0}, follow=["tel"])
->>> d.remaining({("w", 0): 4})
-6
->>> d.caught_up({("w", 0): 10}, {("tel", 0): 3}), d.caught_up({("w", 0): 10, ("tel", 0): 3}, {("tel", 0): 3})
-(False, True)
+>>> d = Drain({("w", 0): 10, ("w", 1): 0})
+>>> d.remaining({("w", 0): 4}), d.remaining({("w", 0): 10})
+(6, 0)
 """
 
 from __future__ import annotations
@@ -32,22 +28,14 @@ class Drain:
     ----------
     targets
         ``(topic, partition) -> end offset`` seen at start.
-    follow
-        Topics to be read to their *current* end once the targets are reached.
     """
 
-    def __init__(self, targets: Offsets, follow: Iterable[str] = ()):
+    def __init__(self, targets: Offsets):
         self.targets = dict(targets)
-        self.follow = tuple(follow)
 
     def remaining(self, committed: Offsets) -> int:
         """Messages between the committed offsets and the targets."""
         return sum(max(0, end - committed.get(tp, 0)) for tp, end in self.targets.items())
-
-    def caught_up(self, committed: Offsets, follow_ends: Offsets) -> bool:
-        if self.remaining(committed):
-            return False
-        return all(committed.get(tp, 0) >= end for tp, end in follow_ends.items())
 
 
 class KafkaOffsets:
@@ -76,8 +64,6 @@ class KafkaOffsets:
 
 def drain_check(offsets: KafkaOffsets, drain: Drain, group: str, progress: Callable[[int], None]) -> bool:
     """One look: report what is left, and whether the group is caught up."""
-    committed = offsets.committed(group)
-    progress(drain.remaining(committed))
-    if drain.remaining(committed):
-        return False
-    return drain.caught_up(committed, offsets.ends(drain.follow))
+    left = drain.remaining(offsets.committed(group))
+    progress(left)
+    return left == 0

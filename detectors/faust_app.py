@@ -3,15 +3,16 @@
 Wiring only; the logic is :class:`~ncclwatch.detectors.stream.StreamCore` (plain
 Python, shared with ``watch`` and ``replay``)::
 
-    nccl.ops ──(drop, plugin_stats only)──> <app-id>-telemetry (re-keyed by job)
-    nccl.windows, job.throughput, <app-id>-telemetry ──> detect ──> nccl.anomalies
-                                    │                       └──> dead-letter topic
+    nccl.windows, job.throughput, nccl.telemetry ──> detect ──> nccl.anomalies
+                                    │                     └──> dead-letter topic
                                     └── table "detector-state" (job -> state), changelog-backed
 
 Every input the detectors read is keyed by job and has the same partition count, so
 one worker partition holds whole jobs and the table entry of a job lives in the same
-partition as its records. ``nccl.ops`` is keyed ``<job>|<comm>``, which would spread a
-job's drop records over partitions; the small telemetry agent re-keys them by job.
+partition as its records. The worker does not read ``nccl.ops`` (op records, keyed
+``<job>|<comm>``, most of the traffic): the windows summarise them, and the forwarder
+publishes drops and plugin stats, keyed by job, on ``nccl.telemetry`` (topic contract v2;
+v1 put them on ``nccl.ops`` and the worker re-keyed them through an internal topic).
 
 State and delivery (docs/replay.md has the longer version): the detect agent takes
 batches (``--batch-size`` messages or ``--batch-within-s`` seconds), processes them,
@@ -41,32 +42,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ncclwatch.detectors.messages import TELEMETRY_KINDS, Message, decode_message, message_lines
+from ncclwatch.detectors.messages import TELEMETRY_KINDS, Message
 from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, StreamCore
-from ncclwatch.ingest.recording import record_time_ns
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
-from ncclwatch.records import (
-    DropRecord,
-    OpRecord,
-    PluginStats,
-    Quarantined,
-    ThroughputRecord,
-    WindowSummary,
-    parse_line,
-    to_json,
-)
+from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
 
 log = logging.getLogger(__name__)
 
 DEFAULT_APP_ID = "ncclwatch-detectors"
 TABLE_NAME = "detector-state"
-# Op records are most of nccl.ops and the worker does not read them: a substring test
-# skips them without a JSON parse (records.to_json writes exactly this, no spaces).
-_OP_MARK = b'"kind":"op"'
-_TELEMETRY_MARKS = (b'"kind":"drop"', b'"kind":"plugin_stats"')
-_OPS_KINDS = (OpRecord, DropRecord, PluginStats)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,8 +98,7 @@ def topic_names(cfg: Config, app_id: str) -> dict[str, str]:
     return {
         "windows": t.windows,
         "throughput": t.throughput,
-        "ops": t.ops,
-        "telemetry": f"{app_id}-telemetry",
+        "telemetry": t.telemetry,
         "anomalies": t.anomalies,
         "dead_letter": t.dead_letter,
         "changelog": f"{app_id}-{TABLE_NAME}-changelog",
@@ -216,7 +201,6 @@ class WorkerStats:
     dead_letters: int = 0
     events: int = 0
     batches: int = 0
-    telemetry_forwarded: int = 0
 
 
 def _message(event: Any) -> Message:
@@ -277,8 +261,6 @@ class Worker:
             "value_serializer": "raw",
         }
         self.detect_in = app.topic(names["windows"], names["throughput"], names["telemetry"], partitions=n, **raw)
-        self.ops_in = app.topic(names["ops"], partitions=n, **raw)
-        self.telemetry_out = app.topic(names["telemetry"], partitions=n, internal=True, **raw)
         self.anomalies_out = app.topic(names["anomalies"], **raw)
         self.dead_out = app.topic(names["dead_letter"], **raw)
         self.table = app.Table(TABLE_NAME, default=None, partitions=n, key_type=str)
@@ -289,12 +271,7 @@ class Worker:
             names["throughput"]: (ThroughputRecord,),
             names["telemetry"]: TELEMETRY_KINDS,
         }
-        self._ops_seen_at = 0.0
-        self._ops_done: dict[Any, int] = {}  # ops partition -> next offset to process
-        self._ops_last_t: dict[Any, int] = {}  # ops partition -> time of its last record read
         self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read
-        # telemetry partition -> (offset, earliest record time) forwarded, not yet read back
-        self._inflight: dict[int, tuple[int, int]] = {}
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
         self._stream: Any = None
         self._lock = asyncio.Lock()
@@ -311,14 +288,7 @@ class Worker:
         """Forget cached jobs and held messages (at start and on every rebalance)."""
         self.core.forget()
         self._pending.clear()
-        self._inflight.clear()
-        self._ops_done.clear()
-        self._ops_last_t.clear()
         self._read_upto.clear()
-        # Until nccl.ops is known to be read to its end, a drop may still come that is
-        # older than the windows at hand: hold them (at most the merge's max_hold_s).
-        self.core.merge.hold("telemetry", True, -(1 << 62))
-        self._ops_seen_at = 0.0
 
     def _load_state(self, job: str) -> dict | None:
         return self.table.get(job)
@@ -330,11 +300,6 @@ class Worker:
         async def detect(stream: Any) -> None:
             async for events in stream.noack_take(w.batch_size, within=w.batch_within_s):
                 await w.guarded(w.detect_batch(stream, events))
-
-        @app.agent(self.ops_in, name="telemetry")
-        async def telemetry(stream: Any) -> None:
-            async for events in stream.noack_take(w.batch_size, within=w.batch_within_s):
-                await w.guarded(w.telemetry_batch(stream, events))
 
         @app.timer(0.5)
         async def tick() -> None:
@@ -410,51 +375,20 @@ class Worker:
             for e in events:
                 m = e.message
                 self._pending[(m.topic, m.partition, m.offset)] = e
-                read_back = self._inflight.get(m.partition, (1 << 62,))[0] <= m.offset
-                if m.topic == self.names["telemetry"] and read_back:
-                    del self._inflight[m.partition]
-            self._hold_inflight()
             out = self.core.handle([_message(e) for e in events], self.kinds, self._behind(events))
             await self._finish(out)
         if self.metrics is not None:
             self.metrics.batch(self, events, out, time.perf_counter() - t0)
 
     async def tick(self) -> None:
-        """Let go what the merge held too long; see where nccl.ops stands; tick alerts."""
+        """Let go what the merge held too long; see which inputs are idle; tick alerts."""
         if self.sink is not None:
             self._executor.submit(self.sink.tick)
-        if time.monotonic() - self._ops_seen_at > 1.0:
-            self._hold_for_ops()
         self._progress_idle_inputs()
         if self._stream is None or not self.core.merge.held:
             return
         async with self._lock:
             await self._finish(self.core.handle([], self.kinds))
-
-    def _hold_inflight(self) -> None:
-        t = min((t for _, t in self._inflight.values()), default=1 << 62)
-        self.core.merge.hold("telemetry-inflight", bool(self._inflight), t)
-
-    def _hold_for_ops(self) -> None:
-        """Hold the detectors back while nccl.ops may still bring an earlier drop.
-
-        Per ``nccl.ops`` partition this worker owns: processed up to its high-water mark
-        (what the telemetry agent acknowledged this session, else the group's committed
-        offset as the broker has it; messages fetched but still in Faust's buffers do not
-        count), or else how far in time it has been read (the time of the last message
-        processed; nothing read yet: no time at all).
-        """
-        consumer = self.app.consumer
-        behind, bound = False, 1 << 62
-        for tp in consumer.assignment():
-            if tp.topic != self.names["ops"]:
-                continue
-            done = max(self._ops_done.get(tp, 0), self.commits.get(tp))
-            highwater = consumer.highwater(tp)
-            if highwater is None or highwater > done:
-                behind = True
-                bound = min(bound, self._ops_last_t.get(tp, -(1 << 62)))
-        self.core.merge.hold("telemetry", behind, bound)
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
@@ -492,54 +426,6 @@ class Worker:
         if self.sink is not None:
             for ev in out.events:
                 self._executor.submit(self.sink.handle, ev)
-
-    async def telemetry_batch(self, stream: Any, events: list) -> None:
-        """Forward drop and plugin_stats records keyed by job; skip op records unread."""
-        futures = []
-        forwarded = []
-        for e in events:
-            m = _message(e)
-            v = m.value
-            if v is not None and _OP_MARK in v and not any(mark in v for mark in _TELEMETRY_MARKS):
-                continue  # op records only: not read
-            lines: list[bytes | None] = [None] if v is None else message_lines(v)
-            for line in lines:
-                if line is not None and _OP_MARK in line:
-                    continue
-                rec = decode_message(m, _OPS_KINDS, key_is_job=False, line=line)
-                if isinstance(rec, TELEMETRY_KINDS):
-                    fut = await self.telemetry_out.send(
-                        key=rec.job.encode(), value=line, timestamp=m.timestamp_ms / 1000
-                    )
-                    forwarded.append((fut, record_time_ns(rec)))
-                    self.stats.telemetry_forwarded += 1
-                elif isinstance(rec, Quarantined):
-                    fut = await self.dead_out.send(
-                        key=m.key, value=to_json(rec).encode(), timestamp=m.timestamp_ms / 1000
-                    )
-                    futures.append(fut)
-                    self.stats.dead_letters += 1
-        if futures or forwarded:
-            await asyncio.gather(*futures, *(f for f, _ in forwarded))
-        for fut, t_ns in forwarded:
-            # held for until the detect agent has read it: the hop must not reorder it
-            meta = fut.result()
-            _, old_t = self._inflight.get(meta.partition, (-1, t_ns))
-            self._inflight[meta.partition] = (meta.offset, min(old_t, t_ns))
-        self._hold_inflight()
-        last: dict[Any, Any] = {}
-        for e in events:
-            await stream.ack(e)
-            self._ops_done[e.message.tp] = e.message.offset + 1
-            last[e.message.tp] = e.message
-        for tp, m in last.items():
-            # how far this partition has been read in time: its last message's record
-            # (one parse per partition and batch; op records are otherwise skipped unread)
-            rec = parse_line((message_lines(m.value or b"") or [b""])[-1])
-            if not isinstance(rec, Quarantined):
-                self._ops_last_t[tp] = record_time_ns(rec)
-        self._hold_for_ops()
-        self._ops_seen_at = time.monotonic()
 
 
 class WorkerMetrics:
@@ -696,8 +582,7 @@ class DrainWatch:
         names = topic_names(cfg, app_id)
         self.app_id = app_id
         self.offsets = KafkaOffsets(cfg.kafka.client_kwargs())
-        self.drain = Drain(self.offsets.ends([names["windows"], names["throughput"], names["ops"]]),
-                           follow=[names["telemetry"]])
+        self.drain = Drain(self.offsets.ends([names["windows"], names["throughput"], names["telemetry"]]))
         total = self.drain.remaining(self.offsets.committed(app_id))
         self.bar = progress.bar(total, f"worker {app_id} catching up", unit="msg")
         self.done = False

@@ -68,9 +68,7 @@ def dead_letter(msg: Message, stage: str, reason: str, detail: str, raw_line: by
     )
 
 
-def decode_message(
-    msg: Message, allowed: tuple[type, ...], *, key_is_job: bool = True, line: bytes | None = None
-) -> Any:
+def decode_message(msg: Message, allowed: tuple[type, ...], *, line: bytes | None = None) -> Any:
     """The message's record (or that of ``line`` of it), or a :class:`Quarantined` saying
     why it is not usable here.
 
@@ -88,7 +86,7 @@ def decode_message(
         kinds = ", ".join(sorted(c.KIND for c in allowed))
         detail = f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})"
         return dead_letter(msg, "schema", "schema", detail, raw)
-    if key_is_job and msg.key is not None and msg.key != rec.job.encode("utf-8"):
+    if msg.key is not None and msg.key != rec.job.encode("utf-8"):
         return dead_letter(
             msg,
             "schema",

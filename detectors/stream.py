@@ -317,8 +317,7 @@ class TimeMerge:
     something earlier: the latest time read from such an input bounds what may go.
     Inputs that are caught up hold nothing back, so live nothing waits; catching up
     after an outage, windows wait for the throughput and telemetry of their time, as
-    they would have met them live. ``hold(name, behind, t_ns)`` adds a bound from an
-    input fed elsewhere (the telemetry re-keyed by this worker's other agent).
+    they would have met them live.
 
     A bound that has not moved for ``max_hold_s`` (an input that says it is behind
     but delivers nothing) stops holding anything, and the earliest items go when more
@@ -349,7 +348,6 @@ class TimeMerge:
         self._last_t: dict[Any, int] = {}
         self._moved: dict[Any, float] = {}  # wall time an input last delivered
         self._behind: dict[Any, bool] = {}
-        self._external: dict[str, tuple[bool, int, float]] = {}
         self.held = 0
         self.forced = 0  # let go before their time (a stuck bound, or too many held)
         # release() is called once per record read, and mostly nothing can go: it does
@@ -390,26 +388,17 @@ class TimeMerge:
             self._behind[tp] = behind
             self._changed = True
 
-    def hold(self, name: str, behind: bool, t_ns: int) -> None:
-        """An input fed from elsewhere: while behind, nothing later than ``t_ns`` goes."""
-        old = self._external.get(name)
-        if old is None or old[:2] != (behind, t_ns):
-            self._external[name] = (behind, t_ns, self.clock())
-            self._changed = True
-
     def clear(self) -> None:
         """Drop everything held (it will be read again); counters and settings stay."""
         for d in (self._queues, self._groups, self._last_t, self._moved, self._behind):
             d.clear()
-        self._external.clear()
         self.held = 0
         self._changed = True
 
     def _bound(self, tps: list[Any], now: float) -> tuple[int, int]:
         """(bound from live inputs, bound including stuck ones) for one group."""
         live = stuck = 1 << 62
-        bounds = [(t, m) for _, (b, t, m) in self._external.items() if b]
-        bounds += [(self._last_t[tp], self._moved[tp]) for tp in tps if self._behind.get(tp) and not self._queues[tp]]
+        bounds = [(self._last_t[tp], self._moved[tp]) for tp in tps if self._behind.get(tp) and not self._queues[tp]]
         hold = self.max_hold_s
         for t, moved in bounds:
             stuck = min(stuck, t)
@@ -421,7 +410,6 @@ class TimeMerge:
     def drain(self) -> list[Any]:
         """Everything held, in merge order (end of input: nothing more will come)."""
         self._behind.clear()
-        self._external.clear()
         self._changed = True
         return self.release()
 

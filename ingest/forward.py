@@ -286,8 +286,9 @@ class Forwarder:
         t = self.topics
         with kafka_sink.watching_auth() as auth:
             try:
-                kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.windows, t.throughput,
-                                                             t.anomalies, t.quarantine])
+                kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.telemetry, t.windows,
+                                                             t.throughput, t.anomalies,
+                                                             t.quarantine])
                 self.producer = kafka_sink.make_producer(
                     self.cfg.kafka, compression=self.opts.compression,
                     batch_size_bytes=1 << 20, linger_ms=self.opts.linger_ms)

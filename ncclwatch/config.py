@@ -85,7 +85,7 @@ class KafkaConfig:
         return out
 
 
-TOPIC_NAME_FIELDS = ("ops", "windows", "throughput", "anomalies", "quarantine", "dead_letter")
+TOPIC_NAME_FIELDS = ("ops", "telemetry", "windows", "throughput", "anomalies", "quarantine", "dead_letter")
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # what Kafka allows in a topic name
 
 
@@ -98,6 +98,9 @@ class TopicsConfig:
     # configuration (`ncclwatch config show`) loads back to itself.
     prefix: str = ""
     ops: str = "nccl.ops"
+    # drops and plugin stats, keyed by job like the windows (topic contract v2; v1 had
+    # them on `ops`, keyed <job>|<host>, and the worker re-keyed them: docs/ingest.md)
+    telemetry: str = "nccl.telemetry"
     windows: str = "nccl.windows"
     throughput: str = "job.throughput"
     anomalies: str = "nccl.anomalies"

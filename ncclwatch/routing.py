@@ -6,8 +6,10 @@ recording through them, and the worker's partitioning depends on them (docs/inge
 
 - ops on ``topics.ops``, keyed ``<job>|<comm>``: one communicator's ops stay in order in
   one partition (and pack into one message);
-- drops and plugin stats on ``topics.ops`` too, keyed ``<job>|<host>``;
-- windows, throughput and anomalies on their own topics, keyed by the job.
+- windows, throughput, drops and plugin stats (``topics.telemetry``) and anomalies on
+  their own topics, keyed by the job: everything the worker reads lands in the job's
+  partition, with no re-keying hop (topic contract v2; v1 put drops and plugin stats on
+  ``topics.ops``, keyed ``<job>|<host>``).
 
 >>> from ncclwatch.config import TopicsConfig
 >>> from ncclwatch.records import ThroughputRecord
@@ -36,7 +38,9 @@ def topic_for(topics: TopicsConfig, kind: str) -> str:
         return topics.anomalies
     if kind == "quarantined":
         return topics.quarantine
-    return topics.ops  # op, drop, plugin_stats
+    if kind in ("drop", "plugin_stats"):
+        return topics.telemetry
+    return topics.ops
 
 
 def op_group(job: str, comm: str) -> str:
@@ -49,6 +53,4 @@ def key_for(record: Any) -> bytes:
     kind = record.KIND
     if kind == "op":
         return op_group(record.job, record.comm).encode()
-    if kind in ("drop", "plugin_stats"):
-        return f"{record.job}|{record.host}".encode()
     return record.job.encode()

@@ -23,7 +23,7 @@ from ncclwatch_testkit import services as testing
 from ncclwatch_testkit.synth import op_record
 
 from ncclwatch import routing
-from ncclwatch.config import load
+from ncclwatch.config import TOPIC_NAME_FIELDS, load
 from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
 from ncclwatch.rules import bandwidths_gbs
 
@@ -107,12 +107,7 @@ def topics_env(kafka_bootstrap: str, partitions: int = 2) -> dict[str, str]:
     u = testing.unique_name("dt")
     return {
         "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "NCCLWATCH_TOPICS_OPS": f"{u}.ops",
-        "NCCLWATCH_TOPICS_WINDOWS": f"{u}.windows",
-        "NCCLWATCH_TOPICS_THROUGHPUT": f"{u}.throughput",
-        "NCCLWATCH_TOPICS_ANOMALIES": f"{u}.anomalies",
-        "NCCLWATCH_TOPICS_DEAD_LETTER": f"{u}.deadletter",
-        "NCCLWATCH_TOPICS_QUARANTINE": f"{u}.quarantine",
+        **{f"NCCLWATCH_TOPICS_{k.upper()}": f"{u}.{k}" for k in TOPIC_NAME_FIELDS},
         "NCCLWATCH_TOPICS_PARTITIONS": str(partitions),
         "NCCLWATCH_DETECTOR_METRICS_PORT": "-1",
         "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
@@ -126,7 +121,7 @@ def config_of(env: dict[str, str]):
 
 def create_topics(env: dict[str, str]) -> None:
     cfg = config_of(env)
-    for name in (cfg.topics.ops, cfg.topics.windows, cfg.topics.throughput):
+    for name in (cfg.topics.ops, cfg.topics.telemetry, cfg.topics.windows, cfg.topics.throughput):
         testing.kafka_create_topic(cfg.kafka.bootstrap_servers, name, cfg.topics.partitions)
 
 

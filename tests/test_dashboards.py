@@ -36,6 +36,8 @@ from ncclwatch.dashboards.panels import DATASOURCE_UID, DS, iter_panels, panel_q
 from ncclwatch_testkit import demo
 from ncclwatch_testkit import services as testing
 
+from ncclwatch.config import TOPIC_NAME_FIELDS
+
 REPO = Path(__file__).resolve().parents[1]
 UIDS = {"ncclwatch-job", "ncclwatch-comm", "ncclwatch-pipeline"}
 
@@ -344,7 +346,7 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
     spool.mkdir()
     topics = {
         k: testing.unique_name(f"dash-{k}")
-        for k in ("ops", "windows", "throughput", "anomalies", "quarantine", "dead_letter")
+        for k in TOPIC_NAME_FIELDS
     }
     for name in topics.values():
         testing.kafka_create_topic(kafka_bootstrap, name, 1)

@@ -105,7 +105,7 @@ def _both_ways(env: dict[str, str], spool: Path, tmp: Path) -> dict:
     try:
         # everything consumed (committed offsets follow the saved state), then the events
         cfg = config_of(env)
-        inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.ops]
+        inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.telemetry]
         wait_consumed(env, worker.app_id, inputs, timeout_s=180)
         worker_events = read_events(env, min_count=len(watch_events), idle_s=1.0, timeout_s=30)
     finally:

@@ -53,7 +53,7 @@ def one_run(kafka_bootstrap, tmp_path_factory):
             to_json(records[0]).encode(),
         ),  # a window on the throughput topic
         (cfg.topics.windows, b"someone-else", to_json(records[0]).encode()),  # key is not the job
-        (cfg.topics.ops, b"job-a|", b"\xff\xfe"),
+        (cfg.topics.telemetry, b"job-a", b"\xff\xfe"),
     ]
     publish(env, records + [drop], extra=bad)
     worker = WorkerProcess(env, testing.unique_name("app"), tmp_path_factory.mktemp("worker")).start()

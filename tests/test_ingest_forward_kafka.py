@@ -24,7 +24,7 @@ from ncclwatch.records import OpRecord, Quarantined, WindowSummary, parse_line
 
 pytestmark = pytest.mark.kafka
 FIXTURES = Path(__file__).parent / "fixtures" / "inspector"
-TOPIC_KEYS = ("ops", "windows", "throughput", "quarantine", "anomalies")
+TOPIC_KEYS = config.TOPIC_NAME_FIELDS
 
 
 PRODUCERS = pytest.mark.parametrize("producer", config.PRODUCERS)
@@ -112,9 +112,8 @@ def test_every_spool_record_arrives_in_order_per_communicator_with_its_key(
     expected = spool_index(spool)
     fwd = run_once(cfg, tmp_path, spool, ops_per_message=1)
 
-    msgs = records_of(consume(kafka_bootstrap, cfg.topics.ops))
-    ops = [(p, k, r) for p, k, r in msgs if isinstance(r, OpRecord)]
-    others = [(p, k, r) for p, k, r in msgs if not isinstance(r, OpRecord)]
+    ops = records_of(consume(kafka_bootstrap, cfg.topics.ops))
+    assert all(isinstance(r, OpRecord) for _, _, r in ops)
     assert sorted(r.id for _, _, r in ops) == sorted(expected)  # all, no duplicate
     assert all(k == f"{r.job}|{r.comm}".encode() for _, k, r in ops)
     # One communicator is one key, so one partition, and each rank's seqs stay in order.
@@ -129,9 +128,11 @@ def test_every_spool_record_arrives_in_order_per_communicator_with_its_key(
     assert not disorder, (
         {k: seqs[k][max(0, i - 3):i + 3] for k, i in disorder.items()},
         spill_counts(fwd.metrics))
+    # drops and plugin stats on their own topic, keyed by job as the windows are
+    others = records_of(consume(kafka_bootstrap, cfg.topics.telemetry))
     kinds = collections.Counter(type(r).__name__ for _, _, r in others)
     assert kinds == {"PluginStats": 3, "DropRecord": 3}
-    assert all(k == f"{r.job}|{r.host}".encode() for _, k, r in others)
+    assert all(k == r.job.encode() for _, k, r in others)
     assert fwd.metrics.registry.get_sample_value(
         "ncclwatch_plugin_dropped_total",
         {"training_job": "job-1", "node": "node001", "Hostname": "node001", "reason": "pool_full"}) == 9.0

@@ -174,7 +174,7 @@ def test_worker_dead_letters_poison_messages_and_detects_as_without_them(kafka_b
     cfg = config_of(env)
     recs = window_scenario("job-p", recover_at_s=52, seconds=62)
     bad = [(cfg.topics.windows, b"job-p", line) for _, line, _ in POISON]
-    bad.append((cfg.topics.ops, b"job-p|x", POISON[0][1]))
+    bad.append((cfg.topics.telemetry, b"job-p", POISON[0][1]))
     publish(env, recs, extra=bad)
     worker = WorkerProcess(env, testing.unique_name("app"), tmp_path).start()
     try:

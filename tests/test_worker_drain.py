@@ -59,7 +59,7 @@ def test_until_caught_up_exits_0_once_every_input_is_committed_with_every_event_
     publish(env, records)
     expected = reference_events(env, records)
     assert {e.state for e in expected} == {"firing", "resolved"}
-    inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.ops]
+    inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.telemetry]
     ends = end_offsets(env, inputs)
 
     t0 = time.monotonic()
@@ -100,10 +100,11 @@ def test_until_caught_up_on_empty_inputs_exits_at_once_and_the_data_dir_is_where
         mine = [t for t in admin.list_topics() if t.startswith(env["NCCLWATCH_TOPICS_PREFIX"])]
     finally:
         admin.close()
-    # inputs, outputs, the telemetry hop, the table's changelog and Faust's assignor topic:
-    # all under the prefix
+    # inputs, outputs, the table's changelog and Faust's assignor topic: all under the
+    # prefix; no internal telemetry hop any more (topic contract v2), and nccl.ops is not
+    # the worker's to create (it does not read it)
     cfg = config_of(env)
-    wanted = {cfg.topics.windows, cfg.topics.throughput, cfg.topics.ops, cfg.topics.anomalies,
-              cfg.topics.dead_letter, cfg.topics.prefix + "ncclwatch-detectors-telemetry",
-              cfg.topics.prefix + "ncclwatch-detectors-detector-state-changelog"}
+    wanted = {cfg.topics.windows, cfg.topics.throughput, cfg.topics.telemetry, cfg.topics.anomalies,
+              cfg.topics.dead_letter, cfg.topics.prefix + "ncclwatch-detectors-detector-state-changelog"}
     assert wanted <= set(mine), mine
+    assert cfg.topics.prefix + "ncclwatch-detectors-telemetry" not in mine

@@ -86,7 +86,7 @@ def _one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str,
     env = {"NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "4",
            # recorded times: no retention may delete them
            "NCCLWATCH_KAFKA_PRODUCER": producer, **testing.RECORDED_TOPICS_ENV}
-    for k in ("ops", "windows", "throughput", "quarantine", "anomalies"):
+    for k in config.TOPIC_NAME_FIELDS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
     cfg = config.load(None, environ=env)
     state = tempfile.mkdtemp(prefix="ncclwatch-bench-state-")

@@ -42,6 +42,7 @@ from pathlib import Path
 from ncclwatch_testkit import services as testing
 from ncclwatch_testkit.synth import stream_lines
 
+from ncclwatch.config import TOPIC_NAME_FIELDS
 from ncclwatch.records import OpRecord, parse_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ T0_NS = (time.time_ns() // 10**9 - 3600) * 10**9  # an hour ago: recent, whole s
 def env_for(bootstrap: str, prefix: str, **extra: str) -> dict[str, str]:
     env = {**os.environ, "NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "NCCLWATCH_TOPICS_PARTITIONS": "3",
            **testing.RECORDED_TOPICS_ENV, **extra}
-    for k in ("ops", "windows", "throughput", "anomalies", "quarantine", "dead_letter"):
+    for k in TOPIC_NAME_FIELDS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
     return env
 

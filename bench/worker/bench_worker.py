@@ -9,17 +9,14 @@ state is saved (the worker's contract), so this is the rate of fully processed r
 CPU seconds of the worker process (user + sys from /proc) are reported too: the machine
 is shared, the broker runs on it, and records per CPU-second is what sizes a deployment.
 
-Modes:
+The input: window summaries of several copies of a healthy 2x8-GPU labelled scenario
+(plus their throughput records) on ``nccl.windows``/``job.throughput``; everything goes
+through decoding, the time merge, the detectors and the state table. (Until topic
+contract v2 the worker also read every op record of ``nccl.ops`` to pick out drops, and
+an ``ops`` mode measured that; it reads ``nccl.telemetry`` instead now.)
 
-- ``windows``: window summaries of several copies of a healthy 2x8-GPU labelled
-  scenario (plus their throughput records) on ``nccl.windows``/``job.throughput``;
-  everything goes through decoding, the time merge, the detectors and the state table.
-- ``ops``: op records on ``nccl.ops`` (``--ops-per-message`` per Kafka message, as
-  ``ncclwatch forward --ops-per-message`` packs them); the worker only looks for drop
-  and plugin_stats records among them.
-
-    .venv/bin/python bench/worker/bench_worker.py [--mode windows|ops|both]
-        [--windows 150000] [--ops 400000] [--repeats 3] [--out docs/bench/worker.md]
+    .venv/bin/python bench/worker/bench_worker.py [--windows 150000]
+        [--windows-per-message 50] [--repeats 3] [--out docs/bench/worker.md]
 """
 
 from __future__ import annotations
@@ -64,7 +61,7 @@ def env_for(bootstrap: str, prefix: str, partitions: int) -> dict[str, str]:
         "NCCLWATCH_ALERTING_ALERTMANAGER_URL": "",
         **testing.RECORDED_TOPICS_ENV,  # recorded times: no retention may delete them
     }
-    for k in ("ops", "windows", "throughput", "anomalies", "dead_letter", "quarantine"):
+    for k in config.TOPIC_NAME_FIELDS:
         env[f"NCCLWATCH_TOPICS_{k.upper()}"] = f"{prefix}.{k}"
     return env
 
@@ -97,58 +94,11 @@ def window_messages(n: int, per_message: int = 1) -> list[tuple[str, bytes, byte
     return out
 
 
-def op_messages(n: int, per_message: int) -> list[tuple[str, bytes, bytes, int]]:
-    from ncclwatch.records import OpRecord
-    from ncclwatch.rules import record_id
-
-    t0 = 1_763_800_000 * 10**9
-    out = []
-    lines = []
-    for i in range(n):
-        rank = i % 16
-        comm = f"0x{(i // 16) % 8:016x}"
-        op = OpRecord(
-            id=record_id("bench", f"h{rank // 8}", 100 + rank, comm, rank, "AllReduce", -1, i),
-            job="bench",
-            host=f"h{rank // 8}",
-            pid=100 + rank,
-            gpu="GPU-x",
-            comm=comm,
-            comm_name="",
-            rank=rank,
-            nranks=16,
-            nnodes=2,
-            local_ranks=8,
-            transport="mixed",
-            op="AllReduce",
-            seq=i,
-            count=1 << 20,
-            dtype="ncclFloat32",
-            bytes=4 << 20,
-            peer=-1,
-            algo="RING",
-            proto="SIMPLE",
-            channels=8,
-            start_ns=t0 + i * 100_000,
-            exec_ns=50_000,
-            timing="kernel_gpu",
-            algbw_gbs=80.0,
-            busbw_gbs=150.0,
-            graph=False,
-        )
-        lines.append(to_json(op))
-        if len(lines) == per_message:
-            key = f"bench|{comm}".encode()
-            out.append(("ops", key, "\n".join(lines).encode(), (t0 + i * 100_000) // 10**6))
-            lines = []
-    return out
-
-
 def publish(env: dict[str, str], messages: list) -> float:
     from kafka import KafkaProducer
 
     cfg = config.load(None, environ=env)
-    topics = {"windows": cfg.topics.windows, "throughput": cfg.topics.throughput, "ops": cfg.topics.ops}
+    topics = {"windows": cfg.topics.windows, "throughput": cfg.topics.throughput}
     for name in topics.values():
         testing.kafka_create_topic(cfg.kafka.bootstrap_servers, name, cfg.topics.partitions)
     producer = KafkaProducer(
@@ -239,10 +189,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("windows", "ops", "both"), default="both")
     ap.add_argument("--windows", type=int, default=150_000)
-    ap.add_argument("--ops", type=int, default=400_000)
-    ap.add_argument("--ops-per-message", type=int, action="append")
     ap.add_argument("--windows-per-message", type=int, action="append")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=4)
@@ -251,34 +198,20 @@ def main() -> int:
     args = ap.parse_args()
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     results = []
-    if args.mode in ("windows", "both"):
-        for per in args.windows_per_message or [1, 50]:
-            env = env_for(bootstrap, testing.unique_name("bw"), args.partitions)
-            msgs = window_messages(args.windows, per)
-            n = sum(m[2].count(b"\n") + 1 for m in msgs)
-            pub = publish(env, msgs)
-            print(f"published {n} window+throughput records ({per} windows/message) in {pub:.1f} s", flush=True)
-            cfg = config.load(None, environ=env)
-            runs = []
-            for i in range(args.repeats):
-                r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s)
-                print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
-                runs.append(r)
-            name = f"window summaries, {per} per message, + throughput ({n:,} records)"
-            results.append(summarize(name, runs))
-    if args.mode in ("ops", "both"):
-        for per in args.ops_per_message or [1, 100]:
-            env = env_for(bootstrap, testing.unique_name("bo"), args.partitions)
-            msgs = op_messages(args.ops, per)
-            pub = publish(env, msgs)
-            print(f"published {args.ops} op records ({per}/message) in {pub:.1f} s", flush=True)
-            cfg = config.load(None, environ=env)
-            runs = []
-            for i in range(args.repeats):
-                r = run_worker(env, [cfg.topics.ops], args.ops, len(msgs), args.timeout_s)
-                print(f"  ops run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
-                runs.append(r)
-            results.append(summarize(f"op records, {per} per message ({args.ops:,} records)", runs))
+    for per in args.windows_per_message or [1, 50]:
+        env = env_for(bootstrap, testing.unique_name("bw"), args.partitions)
+        msgs = window_messages(args.windows, per)
+        n = sum(m[2].count(b"\n") + 1 for m in msgs)
+        pub = publish(env, msgs)
+        print(f"published {n} window+throughput records ({per} windows/message) in {pub:.1f} s", flush=True)
+        cfg = config.load(None, environ=env)
+        runs = []
+        for i in range(args.repeats):
+            r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s)
+            print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
+            runs.append(r)
+        name = f"window summaries, {per} per message, + throughput ({n:,} records)"
+        results.append(summarize(name, runs))
     if args.out:
         write_report(Path(args.out), results, args)
     return 0
@@ -290,8 +223,8 @@ def write_report(path: Path, results: list[dict], args: argparse.Namespace) -> N
         "",
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {os.cpu_count()} CPU cores ({cpu_model()}), shared with the Kafka broker and other work",
-        f"- command: `.venv/bin/python bench/worker/bench_worker.py --mode {args.mode} "
-        f"--windows {args.windows} --ops {args.ops} --repeats {args.repeats} "
+        f"- command: `.venv/bin/python bench/worker/bench_worker.py "
+        f"--windows {args.windows} --repeats {args.repeats} "
         f"--partitions {args.partitions} --out {path}`",
         f"- {args.partitions} partitions per topic, one worker process, {args.repeats} repeats "
         "(fresh consumer group and empty state each), timed from partition assignment to the "
