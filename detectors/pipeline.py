@@ -353,12 +353,14 @@ class Pipeline:
         self.records_total: dict[str, int] = {}
         self.late_windows = 0
         self.last_end_ns = -1  # largest record time seen, for lag
+        # By kind, not type: the worker hands over the fast parser's structs
+        # (ingest/parse.py), which carry the record dataclasses' fields and KIND.
         self._handlers = {
-            WindowSummary: self._window,
-            ThroughputRecord: self._throughput,
-            DropRecord: self._drop,
-            PluginStats: self._plugin_stats,
-            OpRecord: self._ignore,
+            WindowSummary.KIND: self._window,
+            ThroughputRecord.KIND: self._throughput,
+            DropRecord.KIND: self._drop,
+            PluginStats.KIND: self._plugin_stats,
+            OpRecord.KIND: self._ignore,
         }
 
     # --- the driver API -----------------------------------------------------------
@@ -368,7 +370,7 @@ class Pipeline:
         kind = record.KIND
         rt = self.records_total
         rt[kind] = rt.get(kind, 0) + 1
-        handler = self._handlers.get(type(record))
+        handler = self._handlers.get(kind)
         if handler is None:
             return []
         out: list[AnomalyEvent] = []

@@ -93,7 +93,8 @@ for _kind in FAST_KINDS:
     _STRUCTS[_s] = _p
 _decode = msgspec.json.Decoder(Union[tuple(_STRUCTS)]).decode  # type: ignore[misc]  # noqa: UP007
 _PATTERNS = {s: p for s, p in _STRUCTS.items()}
-FastOpRecord = next(s for s in _STRUCTS if s.KIND == "op")
+FAST_TYPES: dict[str, type] = {s.KIND: s for s in _STRUCTS}  # kind -> its struct
+FastOpRecord = FAST_TYPES["op"]
 _op_patterns = dict(_PATTERNS[FastOpRecord])
 assert set(_op_patterns) == {"id", "comm"}, "the op fast path checks exactly these patterns"
 _HEX = "0123456789abcdef"

@@ -406,9 +406,11 @@ def check(record: Any) -> Any:
 
 
 def to_dict(record: Any) -> dict[str, Any]:
-    """The record as a JSON-ready dict, ``v`` and ``kind`` first."""
+    """The record as a JSON-ready dict, ``v`` and ``kind`` first (of a record dataclass,
+    or of anything with its kind's fields: the fast parser's structs)."""
     out: dict[str, Any] = {"v": VERSION, "kind": record.KIND}
-    for f in dataclasses.fields(record):
+    cls = record if dataclasses.is_dataclass(record) else RECORD_TYPES[record.KIND]
+    for f in dataclasses.fields(cls):
         out[f.name] = getattr(record, f.name)
     return out
 

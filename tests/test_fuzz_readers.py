@@ -183,6 +183,9 @@ def test_worker_decode_dead_letters_or_accepts_and_never_raises(value, key, allo
             to_json(rec).encode()
             assert rec.reason in records.QUARANTINE_REASONS
         else:
-            assert isinstance(rec, allowed)
+            # the fast parser's struct (ingest/parse.py), the contract's record in value
+            record = to_record(rec)
+            assert isinstance(record, allowed)
             assert key is None or key == rec.job.encode()
-            assert_usable(rec)
+            assert records.to_dict(rec) == records.to_dict(record)
+            assert_usable(record)

@@ -41,10 +41,10 @@ def test_forwarder_and_worker_topics_under_a_test_config_never_expire(kafka_boot
     cfg = config_of(env)
     assert cfg.topics.retention_ms == -1
     t = cfg.topics
-    kafka_sink.ensure_topics(cfg.kafka, t, [t.ops, t.windows, t.throughput, t.quarantine])
+    kafka_sink.ensure_topics(cfg.kafka, t, [t.ops, t.telemetry, t.windows, t.throughput, t.quarantine])
     app_id = testing.unique_name("app")
     faust_app.ensure_topics(cfg, app_id)
-    names = [t.ops, t.windows, t.throughput, t.quarantine, t.anomalies, t.dead_letter, f"{app_id}-telemetry"]
+    names = [t.ops, t.telemetry, t.windows, t.throughput, t.quarantine, t.anomalies, t.dead_letter]
     got = topic_configs(kafka_bootstrap, names)
     assert {n: c["retention.ms"] for n, c in got.items()} == {n: "-1" for n in names}
     changelog = f"{app_id}-{faust_app.TABLE_NAME}-changelog"

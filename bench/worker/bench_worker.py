@@ -16,7 +16,7 @@ contract v2 the worker also read every op record of ``nccl.ops`` to pick out dro
 an ``ops`` mode measured that; it reads ``nccl.telemetry`` instead now.)
 
     .venv/bin/python bench/worker/bench_worker.py [--windows 150000]
-        [--windows-per-message 50] [--repeats 3] [--out docs/bench/worker.md]
+        [--windows-per-message 50] [--repeats 3] [--out docs/bench/worker.md] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -138,15 +138,18 @@ def end_total(env: dict[str, str], topics: list[str], messages: int) -> int:
     return sum(end.values())
 
 
-def run_worker(env: dict[str, str], topics: list[str], records: int, messages: int, timeout_s: float) -> dict:
+def run_worker(env: dict[str, str], topics: list[str], records: int, messages: int, timeout_s: float,
+               profile: str = "") -> dict:
     from kafka import KafkaAdminClient
 
     app_id = testing.unique_name("bench-worker")
     end = end_total(env, topics, messages)
     log_path = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
+    # --profile: the worker's event loop thread under cProfile, written when it stops
+    prof = ["-m", "cProfile", "-o", profile] if profile else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ncclwatch.cli", "worker", "--app-id", app_id, "--metrics-port", "-1"],
+            [sys.executable, *prof, "-m", "ncclwatch.cli", "worker", "--app-id", app_id, "--metrics-port", "-1"],
             env=dict(os.environ, **env),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -195,6 +198,7 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--timeout-s", type=float, default=600)
     ap.add_argument("--out", help="write a Markdown report here")
+    ap.add_argument("--profile", default="", help="one run under cProfile, its stats written to this file")
     args = ap.parse_args()
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     results = []
@@ -207,7 +211,8 @@ def main() -> int:
         cfg = config.load(None, environ=env)
         runs = []
         for i in range(args.repeats):
-            r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s)
+            r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s,
+                           profile=args.profile if i == 0 else "")
             print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
             runs.append(r)
         name = f"window summaries, {per} per message, + throughput ({n:,} records)"
