@@ -15,13 +15,22 @@ through decoding, the time merge, the detectors and the state table. (Until topi
 contract v2 the worker also read every op record of ``nccl.ops`` to pick out drops, and
 an ``ops`` mode measured that; it reads ``nccl.telemetry`` instead now.)
 
+``--ops-per-window K`` adds what the forwarder publishes besides: K op records per
+window on ``nccl.ops`` (100 per message, as shipped). ``--old COMMIT`` runs an older
+commit's worker on the same topics too (``git worktree`` + ``bench/ab.py``'s import shim),
+the sides alternating within every repeat; a side is done when its consumer group has
+committed every input it reads (the old side also ``nccl.ops`` if that commit's worker
+read it: ``--old-reads-ops``).
+
     .venv/bin/python bench/worker/bench_worker.py [--windows 150000]
         [--windows-per-message 50] [--repeats 3] [--out docs/bench/worker.md] [--profile FILE]
+        [--ops-per-window 10] [--old COMMIT [--old-reads-ops]]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -39,6 +48,19 @@ from ncclwatch import config
 from ncclwatch.records import to_json
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+# The worker of another tree: its modules through a shim, the editable install's finder off.
+CHILD = r"""
+import sys
+shim = sys.argv[1]
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path.insert(0, shim)
+from ncclwatch import cli
+import ncclwatch.records as r
+assert "/shim-" in r.__file__, r.__file__
+sys.exit(cli.main(sys.argv[2:]))
+"""
 
 
 def cpu_model() -> str:
@@ -94,11 +116,32 @@ def window_messages(n: int, per_message: int = 1) -> list[tuple[str, bytes, byte
     return out
 
 
+def op_messages(n: int, per_message: int = 100) -> list[tuple[str, bytes, bytes, int]]:
+    """``n`` op records of a 2x8 job, ``per_message`` of one communicator per message."""
+    from ncclwatch_testkit.synth import stream_lines
+
+    t0 = 1_763_800_000 * 10**9
+    per_rank = max(1, n // 16)
+    out = []
+    for rank in range(16):
+        groups: dict[str, list[bytes]] = {}
+        for line in stream_lines(job="bench-ops", host=f"h{rank // 8}", pid=100 + rank, gpu=f"GPU-{rank}",
+                                 rank=rank, n=per_rank, comms=4):
+            comm = line.split(b'"comm":"', 1)[1].split(b'"', 1)[0].decode()
+            g = groups.setdefault(comm, [])
+            g.append(line)
+            if len(g) == per_message:
+                out.append(("ops", f"bench-ops|{comm}".encode(), b"\n".join(g), t0 // 10**6))
+                groups[comm] = []
+        out += [("ops", f"bench-ops|{c}".encode(), b"\n".join(g), t0 // 10**6) for c, g in groups.items() if g]
+    return out
+
+
 def publish(env: dict[str, str], messages: list) -> float:
     from kafka import KafkaProducer
 
     cfg = config.load(None, environ=env)
-    topics = {"windows": cfg.topics.windows, "throughput": cfg.topics.throughput}
+    topics = {"windows": cfg.topics.windows, "throughput": cfg.topics.throughput, "ops": cfg.topics.ops}
     for name in topics.values():
         testing.kafka_create_topic(cfg.kafka.bootstrap_servers, name, cfg.topics.partitions)
     producer = KafkaProducer(
@@ -139,7 +182,7 @@ def end_total(env: dict[str, str], topics: list[str], messages: int) -> int:
 
 
 def run_worker(env: dict[str, str], topics: list[str], records: int, messages: int, timeout_s: float,
-               profile: str = "") -> dict:
+               profile: str = "", shim: str = "") -> dict:
     from kafka import KafkaAdminClient
 
     app_id = testing.unique_name("bench-worker")
@@ -149,7 +192,8 @@ def run_worker(env: dict[str, str], topics: list[str], records: int, messages: i
     prof = ["-m", "cProfile", "-o", profile] if profile else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, *prof, "-m", "ncclwatch.cli", "worker", "--app-id", app_id, "--metrics-port", "-1"],
+            [sys.executable, *(["-c", CHILD, shim] if shim else [*prof, "-m", "ncclwatch.cli"]),
+             "worker", "--app-id", app_id, "--metrics-port", "-1"],
             env=dict(os.environ, **env),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -194,32 +238,64 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--windows", type=int, default=150_000)
     ap.add_argument("--windows-per-message", type=int, action="append")
+    ap.add_argument("--ops-per-window", type=int, default=0, help="op records on nccl.ops per window")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--timeout-s", type=float, default=600)
     ap.add_argument("--out", help="write a Markdown report here")
     ap.add_argument("--profile", default="", help="one run under cProfile, its stats written to this file")
+    ap.add_argument("--old", default="", help="also run this commit's worker, side by side")
+    ap.add_argument("--old-reads-ops", action="store_true", help="the old worker reads nccl.ops (contract v1)")
     args = ap.parse_args()
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     results = []
-    for per in args.windows_per_message or [1, 50]:
-        env = env_for(bootstrap, testing.unique_name("bw"), args.partitions)
-        msgs = window_messages(args.windows, per)
-        n = sum(m[2].count(b"\n") + 1 for m in msgs)
-        pub = publish(env, msgs)
-        print(f"published {n} window+throughput records ({per} windows/message) in {pub:.1f} s", flush=True)
-        cfg = config.load(None, environ=env)
-        runs = []
-        for i in range(args.repeats):
-            r = run_worker(env, [cfg.topics.windows, cfg.topics.throughput], n, len(msgs), args.timeout_s,
-                           profile=args.profile if i == 0 else "")
-            print(f"  windows run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s", flush=True)
-            runs.append(r)
-        name = f"window summaries, {per} per message, + throughput ({n:,} records)"
-        results.append(summarize(name, runs))
+    with contextlib.ExitStack() as stack:
+        sides = [("new", "")]
+        if args.old:
+            sides.append(("old", str(old_tree(args.old, stack))))
+        for per in args.windows_per_message or [1, 50]:
+            env = env_for(bootstrap, testing.unique_name("bw"), args.partitions)
+            msgs = window_messages(args.windows, per)
+            n = sum(m[2].count(b"\n") + 1 for m in msgs)
+            n_ops = n * args.ops_per_window
+            ops = op_messages(n_ops) if n_ops else []
+            pub = publish(env, msgs + ops)
+            print(f"published {n} window+throughput records ({per} windows/message) and {n_ops} op records "
+                  f"in {pub:.1f} s", flush=True)
+            cfg = config.load(None, environ=env)
+            detect = [cfg.topics.windows, cfg.topics.throughput]
+            runs: dict[str, list[dict]] = {side: [] for side, _ in sides}
+            for i in range(args.repeats):
+                for side, shim in sides if i % 2 == 0 else sides[::-1]:
+                    topics, count = detect, len(msgs)
+                    if side == "old" and args.old_reads_ops and ops:
+                        topics, count = [*detect, cfg.topics.ops], len(msgs) + len(ops)
+                    r = run_worker(env, topics, n, count, args.timeout_s, shim=shim,
+                                   profile=args.profile if i == 0 and side == "new" else "")
+                    print(f"  {side} run {i + 1}: {r['rate']:,.0f} records/s, {r['rate_cpu']:,.0f} per CPU-s",
+                          flush=True)
+                    runs[side].append(r)
+            for side, _ in sides:
+                name = f"window summaries, {per} per message, + throughput ({n:,} records)"
+                if n_ops:
+                    name += f", {n_ops:,} op records on nccl.ops"
+                if args.old:
+                    name = f"{side} ({args.old if side == 'old' else 'working tree'}): {name}"
+                results.append(summarize(name, runs[side]))
     if args.out:
         write_report(Path(args.out), results, args)
     return 0
+
+
+def old_tree(commit: str, stack: contextlib.ExitStack) -> Path:
+    """An import shim for ``commit``'s modules (removed when ``stack`` closes)."""
+    from ab import shim_for
+
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-worker-old-")))
+    tree = tmp / "tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(tree), commit], check=True)
+    stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    return shim_for(tree, tmp / "shim-old")
 
 
 def write_report(path: Path, results: list[dict], args: argparse.Namespace) -> None:
@@ -228,9 +304,7 @@ def write_report(path: Path, results: list[dict], args: argparse.Namespace) -> N
         "",
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {os.cpu_count()} CPU cores ({cpu_model()}), shared with the Kafka broker and other work",
-        f"- command: `.venv/bin/python bench/worker/bench_worker.py "
-        f"--windows {args.windows} --repeats {args.repeats} "
-        f"--partitions {args.partitions} --out {path}`",
+        f"- command: `.venv/bin/python bench/worker/bench_worker.py {' '.join(sys.argv[1:])}`",
         f"- {args.partitions} partitions per topic, one worker process, {args.repeats} repeats "
         "(fresh consumer group and empty state each), timed from partition assignment to the "
         "last committed offset",
