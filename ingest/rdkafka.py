@@ -101,8 +101,9 @@ def producer_conf(kafka: KafkaConfig, *, compression: str, batch_size_bytes: int
     The order needs librdkafka's idempotent producer. One request in flight is not enough
     on its own: librdkafka builds the next requests of a partition while one is in flight,
     and re-queues the messages of a request that failed with a retriable error (a fresh
-    topic's "not leader", a leader election) behind them, silently. CI saw a
-    communicator's records arrive out of order that way (docs/ingest.md, "Producer").
+    topic's "not leader", a leader election) behind them, silently. That is the likely
+    cause of a communicator's records CI saw out of order (not reproduced here;
+    docs/ingest.md, "Producer").
     """
     conf: dict[str, Any] = {
         "bootstrap.servers": kafka.bootstrap_servers,
