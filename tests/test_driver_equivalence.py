@@ -4,7 +4,7 @@ One trace, two ways:
 
 - ``ncclwatch watch`` on the recording (no Kafka: records in time order, in-process);
 - the cluster path on the real broker: window summaries and throughput published the
-  way the forwarder publishes them (drops on ``nccl.ops`` keyed ``<job>|<host>``), in
+  way the forwarder publishes them (drops on ``nccl.telemetry`` keyed by job), in
   the scenario's *publication* order, consumed by ``ncclwatch worker`` (Faust);
 
 and, for op records, a plugin-style spool: ``watch`` windows it in-process, while
@@ -42,7 +42,7 @@ from ncclwatch.records import to_json
 
 pytestmark = pytest.mark.kafka
 
-# Faults of every attribution, telemetry through the worker's re-keying hop, and a
+# Faults of every attribution, telemetry on its own topic beside the windows, and a
 # throughput drop with healthy NCCL: the cases where arrival order could matter.
 SCENARIOS = (
     "network_step30_2x2",
