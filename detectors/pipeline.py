@@ -28,10 +28,8 @@ records, plugin stats and silent ranks drive ``telemetry_loss``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -47,200 +45,17 @@ from ncclwatch.records import (
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
 from .attribution import Verdict, attribute, degraded_now, rule_degraded
-from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
+from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
+from .keys import KeyParams, KeyState, KeyVerdict, Streak
 from .model import BusbwModel
-from .straggler import MIN_REL, StragglerScorer, relative_exec
-from .sustained import FIRE, RESOLVE, SustainedRule
+from .sustained import FIRE, RESOLVE
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
 
 STATE_VERSION = 1
 DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
 COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
-_WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
-
-
-class Streak:
-    """A key's degraded windows before its rule fires: what the anomaly starts with.
-
-    >>> st = Streak()
-    >>> st.add(0.2, 80.0, 100.0, drift=False); st.add(0.4, 60.0, 100.0, drift=True)
-    >>> (st.windows, st.mean_effect(), st.peak, st.observed_sum, st.drift)
-    (2, 0.30000000000000004, 0.4, 140.0, True)
-    >>> Streak.from_state(st.to_state()).to_state() == st.to_state()
-    True
-    """
-
-    __slots__ = ("windows", "effect_sum", "peak", "observed_sum", "baseline_sum", "drift")
-
-    def __init__(self) -> None:
-        self.windows = 0
-        self.effect_sum = 0.0
-        self.peak = 0.0
-        self.observed_sum = 0.0
-        self.baseline_sum = 0.0
-        self.drift = False  # Page-Hinkley saw the key drift down during the streak
-
-    def add(self, effect: float, observed: float, baseline: float, *, drift: bool) -> None:
-        self.windows += 1
-        self.effect_sum += effect
-        if effect > self.peak:
-            self.peak = effect
-        self.observed_sum += observed
-        self.baseline_sum += baseline
-        if drift:
-            self.drift = True
-
-    def mean_effect(self) -> float | None:
-        return self.effect_sum / self.windows if self.windows else None
-
-    def to_state(self) -> list:
-        # a list, as state files have always held it
-        return [self.windows, self.effect_sum, self.peak, self.observed_sum, self.baseline_sum, self.drift]
-
-    @classmethod
-    def from_state(cls, st: list) -> Streak:
-        obj = cls()
-        (obj.windows, obj.effect_sum, obj.peak, obj.observed_sum, obj.baseline_sum, drift) = st
-        obj.drift = bool(drift)
-        return obj
-
-
-class KeyState:
-    """Everything the pipeline knows about one (comm, op, size_bucket, transport) of a job."""
-
-    __slots__ = (
-        "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
-        "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
-        "closed_before", "last_end_ns", "last_effect", "last_observed", "streak", "hold",
-        "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
-        "spread_incident",
-    )
-
-    def __init__(self, w: WindowSummary, p: _Params):
-        self.comm = w.comm
-        self.comm_name = w.comm_name
-        self.op = w.op
-        self.size_bucket = w.size_bucket
-        self.transport = w.transport
-        self.nranks = w.nranks
-        self.window_ns = max(w.end_ns - w.start_ns, 1)
-        self.host: str | None = w.host
-        self.rank_host: dict[int, str] = {}
-        self.rank_gpu: dict[int, str] = {}  # "GPU-<uuid>" where the windows carry it
-        self.baseline = RatioBaseline(**p.baseline)
-        self.drift = DriftEvidence(**p.drift)
-        self.rule = SustainedRule(**p.rule)
-        self.straggler = StragglerScorer(**p.straggler)
-        self.pending: dict[int, dict[int, WindowSummary]] = {}
-        self.closed_before = -(1 << 62)  # groups starting before this are closed
-        self.last_end_ns = -1
-        self.last_effect = 0.0
-        self.last_observed: float | None = None
-        self.streak = Streak()  # the current degraded streak, before it fires
-        # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
-        # they belong to the anomaly only if the streak breaks.
-        self.hold: list[list[float]] = []
-        # Observations of a degraded streak that has not fired (yet): learned only if the
-        # streak turns out to be a spike, so a sustained degradation is never learned.
-        self.unlearned: list[float] = []
-        # Page-Hinkley saw the key drift down: learn nothing until then, so a slow ramp
-        # is measured against where it started rather than followed.
-        self.frozen_until = -1
-        self.frozen_obs: list[float] = []  # what the key did while frozen
-        self.incident: str | None = None
-        # The ranks' spread: the smallest relative exec of a group (the rank the others
-        # waited for). Its own baseline learns a job's usual skew; a sustained drop of it
-        # by straggler_score is a straggler even where the median busbw barely moves
-        # (two ranks: the median mixes the waiting rank and the late one).
-        self.spread = RatioBaseline(**p.baseline)
-        self.spread_rule = SustainedRule(**p.spread_rule)
-        self.spread_unlearned: list[float] = []
-        self.spread_incident: str | None = None
-
-    @property
-    def warm(self) -> bool:
-        return self.baseline.log_baseline is not None
-
-    @property
-    def tuple(self) -> KeyTuple:
-        return (self.comm, self.op, self.size_bucket, self.transport)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "comm": self.comm,
-            "comm_name": self.comm_name,
-            "op": self.op,
-            "size_bucket": self.size_bucket,
-            "transport": self.transport,
-        }
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "comm_name": self.comm_name,
-            "nranks": self.nranks,
-            "window_ns": self.window_ns,
-            "host": self.host,
-            "rank_host": [[r, h] for r, h in self.rank_host.items()],
-            "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
-            "baseline": self.baseline.to_state(),
-            "drift": self.drift.to_state(),
-            "rule": self.rule.to_state(),
-            "straggler": self.straggler.to_state(),
-            "pending": [
-                [s, [[getattr(w, f) for f in _WS_FIELDS] for w in g.values()]]
-                for s, g in self.pending.items()
-            ],
-            "closed_before": self.closed_before,
-            "last_end": self.last_end_ns,
-            "last_effect": self.last_effect,
-            "last_observed": self.last_observed,
-            "acc": self.streak.to_state(),
-            "hold": [list(h) for h in self.hold],
-            "unlearned": list(self.unlearned),
-            "frozen_until": self.frozen_until,
-            "frozen_obs": list(self.frozen_obs),
-            "incident": self.incident,
-            "spread": self.spread.to_state(),
-            "spread_rule": self.spread_rule.to_state(),
-            "spread_unlearned": list(self.spread_unlearned),
-            "spread_incident": self.spread_incident,
-        }
-
-    @classmethod
-    def from_state(cls, key: list, st: dict[str, Any], p: _Params) -> KeyState:
-        obj = cls.__new__(cls)
-        obj.comm, obj.op, obj.size_bucket, obj.transport = key
-        obj.comm_name = st["comm_name"]
-        obj.nranks = st["nranks"]
-        obj.window_ns = st["window_ns"]
-        obj.host = st["host"]
-        obj.rank_host = {int(r): h for r, h in st["rank_host"]}
-        obj.rank_gpu = {int(r): g for r, g in st.get("rank_gpu", ())}  # absent before 2026-11-25
-        obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
-        obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
-        obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
-        obj.straggler = StragglerScorer.from_state(st["straggler"], **p.straggler)
-        obj.pending = {}
-        for s, group in st["pending"]:
-            ws = [WindowSummary(*values) for values in group]
-            obj.pending[int(s)] = {w.rank: w for w in ws}
-        obj.closed_before = st["closed_before"]
-        obj.last_end_ns = st["last_end"]
-        obj.last_effect = st["last_effect"]
-        obj.last_observed = st["last_observed"]
-        obj.streak = Streak.from_state(st["acc"])
-        obj.hold = [list(h) for h in st["hold"]]
-        obj.unlearned = list(st["unlearned"])
-        obj.frozen_until = st["frozen_until"]
-        obj.frozen_obs = list(st["frozen_obs"])
-        obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
-        obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
-        obj.spread_unlearned = list(st["spread_unlearned"])
-        obj.spread_incident = st["spread_incident"]
-        obj.incident = st["incident"]
-        return obj
 
 
 class JobState:
@@ -268,27 +83,6 @@ class JobState:
             if inc.type == type_ and (scope is None or inc.scope == scope):
                 return inc
         return None
-
-
-class _Params:
-    """Estimator parameters derived once from the config."""
-
-    def __init__(self, cfg: DetectorConfig):
-        self.baseline = {"warmup": cfg.warmup_windows}
-        self.drift = {"min_instances": cfg.warmup_windows}
-        self.rule = {
-            "threshold": cfg.threshold,
-            "sustain": cfg.sustain_windows,
-            "recover_threshold": cfg.recover_threshold,
-            "recover": cfg.recover_windows,
-        }
-        self.straggler = {"threshold": cfg.straggler_score, "sustain": cfg.sustain_windows}
-        self.spread_rule = {
-            "threshold": cfg.straggler_score,
-            "sustain": cfg.sustain_windows,
-            "recover_threshold": cfg.straggler_score / 2,
-            "recover": cfg.recover_windows,
-        }
 
 
 class Pipeline:
@@ -347,7 +141,7 @@ class Pipeline:
         self.model: BusbwModel | None = model
         self.clock = clock or time.time
         self.observer: Any = None
-        self._p = _Params(cfg)
+        self._p = KeyParams(cfg)
         self._timeout_ns = int(cfg.telemetry_timeout_s * 1e9)
         self._jobs: dict[str, JobState] = {}
         self.records_total: dict[str, int] = {}
@@ -458,8 +252,8 @@ class Pipeline:
             ks = job.keys.get(gk)
             if ks is None:
                 ks = job.keys[gk] = self._new_key(w)
-            start = w.start_ns
-            if start < ks.closed_before:
+            complete = ks.add(w)
+            if complete is None:
                 self.late_windows += 1
                 # A forwarder that lags: wait longer for it from now on (bounded), or
                 # its ranks would drop out of every group for good.
@@ -467,13 +261,9 @@ class Pipeline:
                 if lag > job.lateness_ns:
                     job.lateness_ns = min(lag, self.cfg.max_lateness_windows * job.window_ns)
             else:
-                group = ks.pending.get(start)
-                if group is None:
-                    group = ks.pending[start] = {}
-                    job.pending_keys[gk] = ks
-                group[w.rank] = w
-                if len(group) >= w.nranks:
-                    self._close_upto(job, ks, start, out)
+                job.pending_keys[gk] = ks
+                if complete:
+                    self._close_upto(job, ks, w.start_ns, out)
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)
 
@@ -488,135 +278,35 @@ class Pipeline:
 
     def _close_upto(self, job: JobState, ks: KeyState, start: int, out: list) -> None:
         """Close every pending group of ``ks`` starting at or before ``start``, in order."""
-        pending = ks.pending
-        starts = [s for s in pending if s <= start]
-        if len(starts) > 1:
-            starts.sort()
-        for s in starts:
-            self._close_group(job, ks, s, pending.pop(s), out)
-        if start >= ks.closed_before:
-            ks.closed_before = start + 1
-        if not pending:
+        for s, group in ks.take_upto(start):
+            self._key_verdict(job, ks, ks.close(s, group, self._p), out)
+        if not ks.pending:
             job.pending_keys.pop(ks.tuple, None)
 
-    def _close_group(self, job: JobState, ks: KeyState, start: int,
-                     group: dict[int, WindowSummary], out: list) -> None:
-        recs = list(group.values())
-        n = len(recs)
-        mid = n >> 1
-        # The link's speed is what the rank that waited least saw: every other rank's
-        # kernel also holds the time it waited for its peers (host skew, a late rank),
-        # which makes per-rank levels alternate between ~1x and several x in a clean run.
-        # Waiting is the straggler scorer's evidence (below), not the link's.
-        obs = max(r.busbw_gbs_p50 for r in recs)
-        first = recs[0]
-        end = first.end_ns
-        h0 = first.host
-        single_host = True
-        rank_host = ks.rank_host
-        rank_gpu = ks.rank_gpu
-        for r in recs:
-            if r.host != h0:
-                single_host = False
-            if rank_host.get(r.rank) != r.host:
-                rank_host[r.rank] = r.host
-            if r.gpu and rank_gpu.get(r.rank) != r.gpu:
-                rank_gpu[r.rank] = r.gpu
-        ks.host = h0 if single_host else None
-        spread = None
-        if n >= 2:
-            rel = relative_exec(_aligned_exec(recs, n))
-            if rel:
-                ks.straggler.learn_relative(rel)
-                spread = min(rel.values())
-
-        base = ks.baseline
-        lb = base.log_baseline
-        cfg = self.cfg
-        effect = 0.0
-        degraded = False
-        b = None
-        if lb is not None and obs > 0:
-            b = math.exp(lb)
-            effect = 1.0 - obs / b
-            if effect >= cfg.threshold:
-                degraded = (lb - math.log(obs)) / base.rel_sigma >= self.cfg.z_min
-            if base.warm:
-                ks.drift.update(math.log(obs) - lb)
-                if ks.drift.drift_detected and end > ks.frozen_until:
-                    ks.frozen_until = end + self.cfg.drift_freeze_windows * ks.window_ns
-        rule = ks.rule
-        was_firing = rule.firing
-        transition = rule.update(effect, start, degraded)
-        if was_firing:
+    def _key_verdict(self, job: JobState, ks: KeyState, v: KeyVerdict, out: list) -> None:
+        """What one closed group of a key sets off across the job."""
+        if v.was_firing:
             inc = job.incidents.get(ks.incident) if ks.incident else None
-            if transition == RESOLVE or effect < cfg.recover_threshold:
-                ks.hold.append([effect, obs, b])
+            if v.transition == RESOLVE or v.effect < self.cfg.recover_threshold:
+                ks.hold.append([v.effect, v.observed, v.baseline])
             elif inc is not None:
                 trigger = inc.trigger == ks.tuple
                 for h in ks.hold:  # the recovery did not hold: those windows count
                     inc.add_window(h[0], h[1], h[2], trigger)
                 ks.hold = []
-                inc.add_window(effect, obs, b, trigger)
-                if degraded and ks.drift.drift_detected:
+                inc.add_window(v.effect, v.observed, v.baseline, trigger)
+                if v.degraded and v.drift:
                     inc.drift = True
-        elif degraded:
-            ks.streak.add(effect, obs, b, drift=ks.drift.drift_detected)
-        elif ks.streak.windows:
-            ks.streak = Streak()
-        if transition is None and not rule.firing:
-            if not degraded and end <= ks.frozen_until:
-                ks.unlearned = []
-                base.learn_one(obs, level=False)
-                if len(ks.frozen_obs) < self.cfg.drift_freeze_windows:
-                    ks.frozen_obs.append(obs)
-            else:
-                if not degraded and ks.frozen_obs:
-                    # The freeze ran out without a degradation: the drift stayed under
-                    # the threshold, so where it settled is the new normal (else the
-                    # key would sit just under the threshold, one wobble from alerting).
-                    fo = sorted(ks.frozen_obs)
-                    base.relevel(fo[len(fo) // 2])
-                    ks.frozen_obs = []
-                ks.unlearned = learn_or_hold(base, ks.unlearned, obs, degraded)
-        else:
-            ks.unlearned = []
-            ks.frozen_obs = []
-        ks.last_end_ns = end
-        ks.last_effect = effect
-        ks.last_observed = obs
-        spread_transition, spread_effect = None, 0.0
-        if spread is not None:
-            spread_transition, spread_effect = self._spread_window(ks, max(spread, MIN_REL), start)
         if self.observer is not None:
-            ex = sorted([r.exec_ns_p50 for r in recs])
-            self.observer.key_window(job.job, ks, obs, b, effect, ex[mid], end)
-        if transition == FIRE:
+            self.observer.key_window(job.job, ks, v.observed, v.baseline, v.effect, v.exec_ns_p50, v.end_ns)
+        if v.transition == FIRE:
             self._key_fired(job, ks, out)
-        elif transition == RESOLVE:
-            self._key_resolved(job, ks, rule.end_ns, out)
-        if spread_transition == FIRE:
-            self._spread_fired(job, ks, spread_effect, out)
-        elif spread_transition == RESOLVE:
+        elif v.transition == RESOLVE:
+            self._key_resolved(job, ks, ks.rule.end_ns, out)
+        if v.spread_transition == FIRE:
+            self._spread_fired(job, ks, v.spread_effect, out)
+        elif v.spread_transition == RESOLVE:
             self._spread_resolved(job, ks, out)
-
-    def _spread_window(self, ks: KeyState, spread: float, start: int) -> tuple[str | None, float]:
-        """The ranks' spread of one group through its own baseline and sustained rule."""
-        sb = ks.spread
-        lb = sb.log_baseline
-        effect = 0.0
-        degraded = False
-        if lb is not None:
-            effect = 1.0 - spread / math.exp(lb)
-            if effect >= self.cfg.straggler_score:
-                degraded = (lb - math.log(spread)) / sb.rel_sigma >= self.cfg.z_min
-        rule = ks.spread_rule
-        transition = rule.update(effect, start, degraded)
-        if transition is None and not rule.firing:
-            ks.spread_unlearned = learn_or_hold(sb, ks.spread_unlearned, spread, degraded)
-        elif ks.spread_unlearned:
-            ks.spread_unlearned = []
-        return transition, effect
 
     def _spread_fired(self, job: JobState, ks: KeyState, spread_effect: float, out: list) -> None:
         """A sustained drop of the ranks' spread: a straggler, if one rank explains it.
@@ -969,9 +659,9 @@ class Pipeline:
         job.next_tick_ns = now - now % w + w
         due = now - job.lateness_ns  # groups ending by then close, complete or not
         for ks in list(job.pending_keys.values()):
-            starts = [s for s in ks.pending if s + ks.window_ns <= due]
-            if starts:
-                self._close_upto(job, ks, max(starts), out)
+            start = ks.due(due)
+            if start is not None:
+                self._close_upto(job, ks, start, out)
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
         self._decide_throughput_drop(job, out)
@@ -1250,26 +940,6 @@ class Pipeline:
         return p
 
 
-def _aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
-    """Exec p50 per rank, keeping ranks whose windows cover the same op instances.
-
-    A rank whose ``[first_seq, last_seq]`` overlaps the group's median range by less
-    than half of its own span summarises different ops and is left out.
-    """
-    f0 = recs[0].first_seq
-    l0 = recs[0].last_seq
-    if all(r.first_seq == f0 and r.last_seq == l0 for r in recs):
-        return {r.rank: r.exec_ns_p50 for r in recs}
-    mf = sorted([r.first_seq for r in recs])[n >> 1]
-    ml = sorted([r.last_seq for r in recs])[n >> 1]
-    out = {}
-    for r in recs:
-        overlap = min(r.last_seq, ml) - max(r.first_seq, mf) + 1
-        if 2 * overlap >= r.last_seq - r.first_seq + 1:
-            out[r.rank] = r.exec_ns_p50
-    return out
-
-
 def _job_state(job: JobState) -> dict[str, Any]:
     return {
         "watermark": job.watermark,
@@ -1286,7 +956,7 @@ def _job_state(job: JobState) -> dict[str, Any]:
     }
 
 
-def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: _Params) -> JobState:
+def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyParams) -> JobState:
     job = JobState(name, cfg)
     job.watermark = st["watermark"]
     job.next_tick_ns = st["next_tick"]

@@ -1,0 +1,400 @@
+"""The key stage: one (comm, op, size bucket, transport) of a job, from its ranks'
+window summaries to one verdict per window.
+
+A :class:`KeyState` gathers the windows of one key and window start across the ranks of
+its communicator (:meth:`KeyState.add`), hands back the groups that are due in start
+order (:meth:`KeyState.take_upto`), and turns each into a :class:`KeyVerdict`
+(:meth:`KeyState.close`): the key's observation against its own baseline, its sustained
+rule's transition, and its ranks' spread against theirs. Everything here reads and writes
+this one key only, so keys can be worked on apart; what a verdict sets off across the
+job (incidents, attribution, throughput, telemetry) is :mod:`.pipeline`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ncclwatch.config import DetectorConfig
+from ncclwatch.records import WindowSummary
+
+from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
+from .incidents import KeyTuple
+from .straggler import MIN_REL, StragglerScorer, relative_exec
+from .sustained import SustainedRule
+
+_WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
+
+
+class KeyParams:
+    """The key stage's hyperparameters, derived once from the ``[detector]`` config."""
+
+    def __init__(self, cfg: DetectorConfig):
+        self.threshold = cfg.threshold
+        self.z_min = cfg.z_min
+        self.straggler_score = cfg.straggler_score
+        self.drift_freeze_windows = cfg.drift_freeze_windows
+        self.baseline = {"warmup": cfg.warmup_windows}
+        self.drift = {"min_instances": cfg.warmup_windows}
+        self.rule = {
+            "threshold": cfg.threshold,
+            "sustain": cfg.sustain_windows,
+            "recover_threshold": cfg.recover_threshold,
+            "recover": cfg.recover_windows,
+        }
+        self.straggler = {"threshold": cfg.straggler_score, "sustain": cfg.sustain_windows}
+        self.spread_rule = {
+            "threshold": cfg.straggler_score,
+            "sustain": cfg.sustain_windows,
+            "recover_threshold": cfg.straggler_score / 2,
+            "recover": cfg.recover_windows,
+        }
+
+
+@dataclass(slots=True)
+class KeyVerdict:
+    """What one closed group of a key says: the key stage's output, the job stage's input."""
+
+    start_ns: int
+    end_ns: int
+    observed: float  # bus bandwidth of the group (its least-waiting rank), GB/s
+    baseline: float | None  # the key's baseline before this window, GB/s (None: cold)
+    effect: float  # 1 - observed / baseline (0 while cold)
+    degraded: bool  # effect over threshold and far enough from the baseline's noise
+    drift: bool  # Page-Hinkley sees the key drifting down
+    was_firing: bool  # the key's rule was firing before this window
+    transition: str | None  # the rule's: FIRE, RESOLVE or None
+    spread_transition: str | None  # the spread rule's
+    spread_effect: float
+    exec_ns_p50: int  # median over the group's ranks of their exec p50
+
+
+class Streak:
+    """A key's degraded windows before its rule fires: what the anomaly starts with.
+
+    >>> st = Streak()
+    >>> st.add(0.2, 80.0, 100.0, drift=False); st.add(0.4, 60.0, 100.0, drift=True)
+    >>> (st.windows, st.mean_effect(), st.peak, st.observed_sum, st.drift)
+    (2, 0.30000000000000004, 0.4, 140.0, True)
+    >>> Streak.from_state(st.to_state()).to_state() == st.to_state()
+    True
+    """
+
+    __slots__ = ("windows", "effect_sum", "peak", "observed_sum", "baseline_sum", "drift")
+
+    def __init__(self) -> None:
+        self.windows = 0
+        self.effect_sum = 0.0
+        self.peak = 0.0
+        self.observed_sum = 0.0
+        self.baseline_sum = 0.0
+        self.drift = False  # Page-Hinkley saw the key drift down during the streak
+
+    def add(self, effect: float, observed: float, baseline: float, *, drift: bool) -> None:
+        self.windows += 1
+        self.effect_sum += effect
+        if effect > self.peak:
+            self.peak = effect
+        self.observed_sum += observed
+        self.baseline_sum += baseline
+        if drift:
+            self.drift = True
+
+    def mean_effect(self) -> float | None:
+        return self.effect_sum / self.windows if self.windows else None
+
+    def to_state(self) -> list:
+        # a list, as state files have always held it
+        return [self.windows, self.effect_sum, self.peak, self.observed_sum, self.baseline_sum, self.drift]
+
+    @classmethod
+    def from_state(cls, st: list) -> Streak:
+        obj = cls()
+        (obj.windows, obj.effect_sum, obj.peak, obj.observed_sum, obj.baseline_sum, drift) = st
+        obj.drift = bool(drift)
+        return obj
+
+
+class KeyState:
+    """Everything the pipeline knows about one (comm, op, size_bucket, transport) of a job."""
+
+    __slots__ = (
+        "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
+        "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
+        "closed_before", "last_end_ns", "last_effect", "last_observed", "streak", "hold",
+        "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
+        "spread_incident",
+    )
+
+    def __init__(self, w: WindowSummary, p: KeyParams):
+        self.comm = w.comm
+        self.comm_name = w.comm_name
+        self.op = w.op
+        self.size_bucket = w.size_bucket
+        self.transport = w.transport
+        self.nranks = w.nranks
+        self.window_ns = max(w.end_ns - w.start_ns, 1)
+        self.host: str | None = w.host
+        self.rank_host: dict[int, str] = {}
+        self.rank_gpu: dict[int, str] = {}  # "GPU-<uuid>" where the windows carry it
+        self.baseline = RatioBaseline(**p.baseline)
+        self.drift = DriftEvidence(**p.drift)
+        self.rule = SustainedRule(**p.rule)
+        self.straggler = StragglerScorer(**p.straggler)
+        self.pending: dict[int, dict[int, WindowSummary]] = {}
+        self.closed_before = -(1 << 62)  # groups starting before this are closed
+        self.last_end_ns = -1
+        self.last_effect = 0.0
+        self.last_observed: float | None = None
+        self.streak = Streak()  # the current degraded streak, before it fires
+        # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
+        # they belong to the anomaly only if the streak breaks.
+        self.hold: list[list[float]] = []
+        # Observations of a degraded streak that has not fired (yet): learned only if the
+        # streak turns out to be a spike, so a sustained degradation is never learned.
+        self.unlearned: list[float] = []
+        # Page-Hinkley saw the key drift down: learn nothing until then, so a slow ramp
+        # is measured against where it started rather than followed.
+        self.frozen_until = -1
+        self.frozen_obs: list[float] = []  # what the key did while frozen
+        self.incident: str | None = None
+        # The ranks' spread: the smallest relative exec of a group (the rank the others
+        # waited for). Its own baseline learns a job's usual skew; a sustained drop of it
+        # by straggler_score is a straggler even where the median busbw barely moves
+        # (two ranks: the median mixes the waiting rank and the late one).
+        self.spread = RatioBaseline(**p.baseline)
+        self.spread_rule = SustainedRule(**p.spread_rule)
+        self.spread_unlearned: list[float] = []
+        self.spread_incident: str | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.baseline.log_baseline is not None
+
+    @property
+    def tuple(self) -> KeyTuple:
+        return (self.comm, self.op, self.size_bucket, self.transport)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "comm": self.comm,
+            "comm_name": self.comm_name,
+            "op": self.op,
+            "size_bucket": self.size_bucket,
+            "transport": self.transport,
+        }
+
+    # --- the key stage ------------------------------------------------------------
+
+    def add(self, w: WindowSummary) -> bool | None:
+        """Put a window in its group: None if its group has closed already (late),
+        else whether the group now holds every rank of the communicator."""
+        start = w.start_ns
+        if start < self.closed_before:
+            return None
+        group = self.pending.get(start)
+        if group is None:
+            group = self.pending[start] = {}
+        group[w.rank] = w
+        return len(group) >= w.nranks
+
+    def take_upto(self, start: int) -> list[tuple[int, dict[int, WindowSummary]]]:
+        """Remove and return the pending groups starting at or before ``start``, in order;
+        windows of those starts arriving later are late."""
+        pending = self.pending
+        starts = [s for s in pending if s <= start]
+        if len(starts) > 1:
+            starts.sort()
+        if start >= self.closed_before:
+            self.closed_before = start + 1
+        return [(s, pending.pop(s)) for s in starts]
+
+    def due(self, due_ns: int) -> int | None:
+        """The latest pending start whose window ended by ``due_ns`` (None: none)."""
+        starts = [s for s in self.pending if s + self.window_ns <= due_ns]
+        return max(starts) if starts else None
+
+    def close(self, start: int, group: dict[int, WindowSummary], p: KeyParams) -> KeyVerdict:
+        """Score one closed group against this key's baselines and advance its rules."""
+        recs = list(group.values())
+        n = len(recs)
+        # The link's speed is what the rank that waited least saw: every other rank's
+        # kernel also holds the time it waited for its peers (host skew, a late rank),
+        # which makes per-rank levels alternate between ~1x and several x in a clean run.
+        # Waiting is the straggler scorer's evidence (below), not the link's.
+        obs = max(r.busbw_gbs_p50 for r in recs)
+        first = recs[0]
+        end = first.end_ns
+        h0 = first.host
+        single_host = True
+        rank_host = self.rank_host
+        rank_gpu = self.rank_gpu
+        for r in recs:
+            if r.host != h0:
+                single_host = False
+            if rank_host.get(r.rank) != r.host:
+                rank_host[r.rank] = r.host
+            if r.gpu and rank_gpu.get(r.rank) != r.gpu:
+                rank_gpu[r.rank] = r.gpu
+        self.host = h0 if single_host else None
+        spread = None
+        if n >= 2:
+            rel = relative_exec(aligned_exec(recs, n))
+            if rel:
+                self.straggler.learn_relative(rel)
+                spread = min(rel.values())
+
+        base = self.baseline
+        lb = base.log_baseline
+        effect = 0.0
+        degraded = False
+        b = None
+        if lb is not None and obs > 0:
+            b = math.exp(lb)
+            effect = 1.0 - obs / b
+            if effect >= p.threshold:
+                degraded = (lb - math.log(obs)) / base.rel_sigma >= p.z_min
+            if base.warm:
+                self.drift.update(math.log(obs) - lb)
+                if self.drift.drift_detected and end > self.frozen_until:
+                    self.frozen_until = end + p.drift_freeze_windows * self.window_ns
+        rule = self.rule
+        was_firing = rule.firing
+        transition = rule.update(effect, start, degraded)
+        if not was_firing:
+            if degraded:
+                self.streak.add(effect, obs, b, drift=self.drift.drift_detected)
+            elif self.streak.windows:
+                self.streak = Streak()
+        if transition is None and not rule.firing:
+            if not degraded and end <= self.frozen_until:
+                self.unlearned = []
+                base.learn_one(obs, level=False)
+                if len(self.frozen_obs) < p.drift_freeze_windows:
+                    self.frozen_obs.append(obs)
+            else:
+                if not degraded and self.frozen_obs:
+                    # The freeze ran out without a degradation: the drift stayed under
+                    # the threshold, so where it settled is the new normal (else the
+                    # key would sit just under the threshold, one wobble from alerting).
+                    fo = sorted(self.frozen_obs)
+                    base.relevel(fo[len(fo) // 2])
+                    self.frozen_obs = []
+                self.unlearned = learn_or_hold(base, self.unlearned, obs, degraded)
+        else:
+            self.unlearned = []
+            self.frozen_obs = []
+        self.last_end_ns = end
+        self.last_effect = effect
+        self.last_observed = obs
+        spread_transition, spread_effect = None, 0.0
+        if spread is not None:
+            spread_transition, spread_effect = self._spread_window(max(spread, MIN_REL), start, p)
+        ex = sorted([r.exec_ns_p50 for r in recs])
+        return KeyVerdict(start, end, obs, b, effect, degraded, self.drift.drift_detected, was_firing,
+                          transition, spread_transition, spread_effect, ex[n >> 1])
+
+    def _spread_window(self, spread: float, start: int, p: KeyParams) -> tuple[str | None, float]:
+        """The ranks' spread of one group through its own baseline and sustained rule."""
+        sb = self.spread
+        lb = sb.log_baseline
+        effect = 0.0
+        degraded = False
+        if lb is not None:
+            effect = 1.0 - spread / math.exp(lb)
+            if effect >= p.straggler_score:
+                degraded = (lb - math.log(spread)) / sb.rel_sigma >= p.z_min
+        rule = self.spread_rule
+        transition = rule.update(effect, start, degraded)
+        if transition is None and not rule.firing:
+            self.spread_unlearned = learn_or_hold(sb, self.spread_unlearned, spread, degraded)
+        elif self.spread_unlearned:
+            self.spread_unlearned = []
+        return transition, effect
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "comm_name": self.comm_name,
+            "nranks": self.nranks,
+            "window_ns": self.window_ns,
+            "host": self.host,
+            "rank_host": [[r, h] for r, h in self.rank_host.items()],
+            "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
+            "baseline": self.baseline.to_state(),
+            "drift": self.drift.to_state(),
+            "rule": self.rule.to_state(),
+            "straggler": self.straggler.to_state(),
+            "pending": [
+                [s, [[getattr(w, f) for f in _WS_FIELDS] for w in g.values()]]
+                for s, g in self.pending.items()
+            ],
+            "closed_before": self.closed_before,
+            "last_end": self.last_end_ns,
+            "last_effect": self.last_effect,
+            "last_observed": self.last_observed,
+            "acc": self.streak.to_state(),
+            "hold": [list(h) for h in self.hold],
+            "unlearned": list(self.unlearned),
+            "frozen_until": self.frozen_until,
+            "frozen_obs": list(self.frozen_obs),
+            "incident": self.incident,
+            "spread": self.spread.to_state(),
+            "spread_rule": self.spread_rule.to_state(),
+            "spread_unlearned": list(self.spread_unlearned),
+            "spread_incident": self.spread_incident,
+        }
+
+    @classmethod
+    def from_state(cls, key: list, st: dict[str, Any], p: KeyParams) -> KeyState:
+        obj = cls.__new__(cls)
+        obj.comm, obj.op, obj.size_bucket, obj.transport = key
+        obj.comm_name = st["comm_name"]
+        obj.nranks = st["nranks"]
+        obj.window_ns = st["window_ns"]
+        obj.host = st["host"]
+        obj.rank_host = {int(r): h for r, h in st["rank_host"]}
+        obj.rank_gpu = {int(r): g for r, g in st.get("rank_gpu", ())}  # absent before 2026-11-25
+        obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
+        obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
+        obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
+        obj.straggler = StragglerScorer.from_state(st["straggler"], **p.straggler)
+        obj.pending = {}
+        for s, group in st["pending"]:
+            ws = [WindowSummary(*values) for values in group]
+            obj.pending[int(s)] = {w.rank: w for w in ws}
+        obj.closed_before = st["closed_before"]
+        obj.last_end_ns = st["last_end"]
+        obj.last_effect = st["last_effect"]
+        obj.last_observed = st["last_observed"]
+        obj.streak = Streak.from_state(st["acc"])
+        obj.hold = [list(h) for h in st["hold"]]
+        obj.unlearned = list(st["unlearned"])
+        obj.frozen_until = st["frozen_until"]
+        obj.frozen_obs = list(st["frozen_obs"])
+        obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
+        obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
+        obj.spread_unlearned = list(st["spread_unlearned"])
+        obj.spread_incident = st["spread_incident"]
+        obj.incident = st["incident"]
+        return obj
+
+
+def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
+    """Exec p50 per rank, keeping ranks whose windows cover the same op instances.
+
+    A rank whose ``[first_seq, last_seq]`` overlaps the group's median range by less
+    than half of its own span summarises different ops and is left out.
+    """
+    f0 = recs[0].first_seq
+    l0 = recs[0].last_seq
+    if all(r.first_seq == f0 and r.last_seq == l0 for r in recs):
+        return {r.rank: r.exec_ns_p50 for r in recs}
+    mf = sorted([r.first_seq for r in recs])[n >> 1]
+    ml = sorted([r.last_seq for r in recs])[n >> 1]
+    out = {}
+    for r in recs:
+        overlap = min(r.last_seq, ml) - max(r.first_seq, mf) + 1
+        if 2 * overlap >= r.last_seq - r.first_seq + 1:
+            out[r.rank] = r.exec_ns_p50
+    return out
