@@ -13,7 +13,8 @@ trouble is, with this precedence:
    while a single network key degrading alone among healthy ones does not;
 4. **collective_degraded** (attribution ``unknown``): anything else.
 
-The inputs are the job's key states as the pipeline keeps them; this module only reads.
+The inputs are the job stage's views of its keys (:class:`~.keys.KeyView`) and what the
+firing key's verdict said of its ranks; this module only reads.
 """
 
 from __future__ import annotations
@@ -24,23 +25,19 @@ from typing import Any, Protocol
 
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .straggler import StragglerScorer
-from .sustained import SustainedRule
-
 
 class KeyView(Protocol):
+    """What attribution reads of a key (the job stage's :class:`~.keys.KeyView`)."""
+
     comm: str
     op: str
     size_bucket: str
     transport: str
     host: str | None
     last_end_ns: int
-    straggler: StragglerScorer
     rank_host: dict[int, str]
-    rule: SustainedRule
-
-    @property
-    def warm(self) -> bool: ...
+    rule: Any  # firing, streak, sustain
+    warm: bool
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,7 @@ def degraded_now(k: KeyView) -> bool:
     return rule_degraded(k.rule)
 
 
-def rule_degraded(rule: SustainedRule) -> bool:
+def rule_degraded(rule: Any) -> bool:
     """:func:`degraded_now` for any sustained rule (a key's spread rule too)."""
     return rule.firing or rule.streak >= max(1, rule.sustain - 1)
 
@@ -75,27 +72,31 @@ def attribute(
     key: KeyView,
     job_keys: Iterable[KeyView],
     *,
-    effect: float,
+    straggler_rank: int | None,
+    rank_scores: list[list],
     now_ns: int,
     recent_ns: int,
 ) -> Verdict:
     """Classify the firing ``key`` given every key of its job.
 
+    ``straggler_rank`` is the rank the key's straggler scorer names given the loss the
+    key fired on (:meth:`~.straggler.StragglerScorer.straggler`), ``rank_scores`` its
+    highest scores: the key stage's, from the verdict that fired.
+
     Other keys count as *degraded now* (:func:`degraded_now`) or *holding* only if warm
     and their latest window ended within ``recent_ns`` of ``now_ns`` (a key that
     stopped reporting says nothing).
     """
-    rank = key.straggler.straggler(effect=effect)
+    rank = straggler_rank
     if rank is not None:
         host = key.rank_host.get(rank)
-        scores = sorted(key.straggler.rank_scores().items(), key=lambda kv: -kv[1])[:5]
         return Verdict(
             type="straggler",
             attribution="straggler",
             scope=host if host is not None else f"{key.comm}/{rank}",
             host=host,
             rank=rank,
-            evidence={"rank_scores": [[r, round(s, 4)] for r, s in scores], "comm": key.comm},
+            evidence={"rank_scores": rank_scores, "comm": key.comm},
         )
     nv_degraded: list[KeyView] = []
     nv_holding = 0

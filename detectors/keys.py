@@ -22,7 +22,7 @@ from ncclwatch.records import WindowSummary
 from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
 from .incidents import KeyTuple
 from .straggler import MIN_REL, StragglerScorer, relative_exec
-from .sustained import SustainedRule
+from .sustained import FIRE, RESOLVE, SustainedRule
 
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 
@@ -35,6 +35,7 @@ class KeyParams:
         self.z_min = cfg.z_min
         self.straggler_score = cfg.straggler_score
         self.drift_freeze_windows = cfg.drift_freeze_windows
+        self.silence_ns = int(cfg.telemetry_timeout_s * 1e9)
         self.baseline = {"warmup": cfg.warmup_windows}
         self.drift = {"min_instances": cfg.warmup_windows}
         self.rule = {
@@ -54,7 +55,12 @@ class KeyParams:
 
 @dataclass(slots=True)
 class KeyVerdict:
-    """What one closed group of a key says: the key stage's output, the job stage's input."""
+    """What one closed group of a key says: the key stage's output, the job stage's input.
+
+    Besides the window's scores it carries what the job stage needs to know of the key
+    afterwards (its rules, whether it is warm, its baseline), so the job stage keeps
+    its own :class:`KeyView` of every key and never reads a :class:`KeyState`.
+    """
 
     start_ns: int
     end_ns: int
@@ -68,6 +74,68 @@ class KeyVerdict:
     spread_transition: str | None  # the spread rule's
     spread_effect: float
     exec_ns_p50: int  # median over the group's ranks of their exec p50
+    # the key after this window
+    host: str | None  # the one node all its ranks are on (None: several)
+    warm: bool
+    baseline_after: float | None
+    closed_before: int
+    rule: tuple[bool, int, int | None, int | None]  # RuleView.STATE
+    spread_rule: tuple[bool, int, int | None, int | None]
+    rank_host: dict[int, str] | None = None  # a copy, only when it changed
+    rank_gpu: dict[int, str] | None = None
+    fired: FireEvidence | None = None  # with transition FIRE
+    spread_fired: SpreadEvidence | None = None  # with spread_transition FIRE
+
+
+@dataclass(slots=True)
+class FireEvidence:
+    """What the key stage knows when a key's rule fires: the degraded streak it fired
+    on, and the rank the key's straggler scorer names given the streak's loss."""
+
+    streak: Streak
+    effect: float  # the streak's mean loss (the window's, without a streak)
+    straggler_rank: int | None
+    rank_scores: list[list]  # the five highest [rank, score]
+
+
+@dataclass(slots=True)
+class SpreadEvidence:
+    """The straggler scorer when the ranks' spread fires."""
+
+    low_rank: int | None
+    low_streak: int
+    rank_scores: list[list]
+
+
+class RuleView:
+    """The job stage's copy of a :class:`~.sustained.SustainedRule`'s public state.
+
+    The job stage may end it (:meth:`force_resolve`) when the key goes silent; the key
+    stage's rule ends by itself when its windows come back after the gap
+    (:meth:`KeyState.close`).
+    """
+
+    __slots__ = ("firing", "streak", "sustain", "start_ns", "end_ns")
+
+    def __init__(self, sustain: int, state: tuple[bool, int, int | None, int | None]):
+        self.sustain = sustain
+        self.firing, self.streak, self.start_ns, self.end_ns = state
+
+    @staticmethod
+    def of(rule: SustainedRule) -> tuple[bool, int, int | None, int | None]:
+        return (rule.firing, rule.streak, rule.start_ns, rule.end_ns)
+
+    def force_resolve(self, end_ns: int) -> None:
+        self.firing = False
+        self.end_ns = end_ns
+        self.streak = 0
+
+    def to_state(self) -> list:
+        return [self.firing, self.streak, self.start_ns, self.end_ns]
+
+
+def _top_scores(sc: StragglerScorer) -> list[list]:
+    return [[r, round(s, 4)] for r, s in sorted(sc.rank_scores().items(), key=lambda kv: -kv[1])[:5]]
 
 
 class Streak:
@@ -117,14 +185,13 @@ class Streak:
 
 
 class KeyState:
-    """Everything the pipeline knows about one (comm, op, size_bucket, transport) of a job."""
+    """Everything the key stage knows about one (comm, op, size_bucket, transport) of a job."""
 
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
         "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
-        "closed_before", "last_end_ns", "last_effect", "last_observed", "streak", "hold",
-        "unlearned", "frozen_until", "frozen_obs", "incident", "spread", "spread_rule", "spread_unlearned",
-        "spread_incident",
+        "closed_before", "last_end_ns", "last_effect", "last_observed", "streak",
+        "unlearned", "frozen_until", "frozen_obs", "spread", "spread_rule", "spread_unlearned",
     )
 
     def __init__(self, w: WindowSummary, p: KeyParams):
@@ -148,9 +215,6 @@ class KeyState:
         self.last_effect = 0.0
         self.last_observed: float | None = None
         self.streak = Streak()  # the current degraded streak, before it fires
-        # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
-        # they belong to the anomaly only if the streak breaks.
-        self.hold: list[list[float]] = []
         # Observations of a degraded streak that has not fired (yet): learned only if the
         # streak turns out to be a spike, so a sustained degradation is never learned.
         self.unlearned: list[float] = []
@@ -158,7 +222,6 @@ class KeyState:
         # is measured against where it started rather than followed.
         self.frozen_until = -1
         self.frozen_obs: list[float] = []  # what the key did while frozen
-        self.incident: str | None = None
         # The ranks' spread: the smallest relative exec of a group (the rank the others
         # waited for). Its own baseline learns a job's usual skew; a sustained drop of it
         # by straggler_score is a straggler even where the median busbw barely moves
@@ -166,7 +229,6 @@ class KeyState:
         self.spread = RatioBaseline(**p.baseline)
         self.spread_rule = SustainedRule(**p.spread_rule)
         self.spread_unlearned: list[float] = []
-        self.spread_incident: str | None = None
 
     @property
     def warm(self) -> bool:
@@ -219,6 +281,14 @@ class KeyState:
         """Score one closed group against this key's baselines and advance its rules."""
         recs = list(group.values())
         n = len(recs)
+        if self.last_end_ns >= 0 and start - self.last_end_ns > p.silence_ns:
+            # Back after a silence: the job stage ended what this key had open when the
+            # key went quiet, so its rules and its streak start over here too.
+            if self.rule.firing:
+                self.rule.force_resolve(self.last_end_ns)
+            if self.spread_rule.firing:
+                self.spread_rule.force_resolve(self.last_end_ns)
+            self.streak = Streak()
         # The link's speed is what the rank that waited least saw: every other rank's
         # kernel also holds the time it waited for its peers (host skew, a late rank),
         # which makes per-rank levels alternate between ~1x and several x in a clean run.
@@ -230,13 +300,16 @@ class KeyState:
         single_host = True
         rank_host = self.rank_host
         rank_gpu = self.rank_gpu
+        moved = False
         for r in recs:
             if r.host != h0:
                 single_host = False
             if rank_host.get(r.rank) != r.host:
                 rank_host[r.rank] = r.host
+                moved = True
             if r.gpu and rank_gpu.get(r.rank) != r.gpu:
                 rank_gpu[r.rank] = r.gpu
+                moved = True
         self.host = h0 if single_host else None
         spread = None
         if n >= 2:
@@ -291,9 +364,25 @@ class KeyState:
         spread_transition, spread_effect = None, 0.0
         if spread is not None:
             spread_transition, spread_effect = self._spread_window(max(spread, MIN_REL), start, p)
+        fired = spread_fired = None
+        if transition == FIRE:
+            mean = self.streak.mean_effect()
+            fire_effect = effect if mean is None else mean
+            fired = FireEvidence(self.streak, fire_effect, self.straggler.straggler(effect=fire_effect),
+                                 _top_scores(self.straggler))
+            self.streak = Streak()
+        elif transition == RESOLVE:
+            self.streak = Streak()
+        if spread_transition == FIRE:
+            sc = self.straggler
+            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, _top_scores(sc))
         ex = sorted([r.exec_ns_p50 for r in recs])
-        return KeyVerdict(start, end, obs, b, effect, degraded, self.drift.drift_detected, was_firing,
-                          transition, spread_transition, spread_effect, ex[n >> 1])
+        return KeyVerdict(
+            start, end, obs, b, effect, degraded, self.drift.drift_detected, was_firing, transition,
+            spread_transition, spread_effect, ex[n >> 1], self.host, base.log_baseline is not None,
+            base.baseline, self.closed_before, RuleView.of(rule), RuleView.of(self.spread_rule),
+            dict(rank_host) if moved else None, dict(rank_gpu) if moved else None, fired, spread_fired,
+        )
 
     def _spread_window(self, spread: float, start: int, p: KeyParams) -> tuple[str | None, float]:
         """The ranks' spread of one group through its own baseline and sustained rule."""
@@ -334,15 +423,12 @@ class KeyState:
             "last_effect": self.last_effect,
             "last_observed": self.last_observed,
             "acc": self.streak.to_state(),
-            "hold": [list(h) for h in self.hold],
             "unlearned": list(self.unlearned),
             "frozen_until": self.frozen_until,
             "frozen_obs": list(self.frozen_obs),
-            "incident": self.incident,
             "spread": self.spread.to_state(),
             "spread_rule": self.spread_rule.to_state(),
             "spread_unlearned": list(self.spread_unlearned),
-            "spread_incident": self.spread_incident,
         }
 
     @classmethod
@@ -368,15 +454,92 @@ class KeyState:
         obj.last_effect = st["last_effect"]
         obj.last_observed = st["last_observed"]
         obj.streak = Streak.from_state(st["acc"])
-        obj.hold = [list(h) for h in st["hold"]]
         obj.unlearned = list(st["unlearned"])
         obj.frozen_until = st["frozen_until"]
         obj.frozen_obs = list(st["frozen_obs"])
         obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
         obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
         obj.spread_unlearned = list(st["spread_unlearned"])
-        obj.spread_incident = st["spread_incident"]
-        obj.incident = st["incident"]
+        return obj
+
+
+class KeyView:
+    """What the job stage knows of one key: what its verdicts said, and the job stage's
+    own bookkeeping (the incident it is in, recovery windows on hold)."""
+
+    __slots__ = (
+        "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
+        "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
+        "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident",
+    )
+
+    def __init__(self, ks: KeyState):
+        self.comm = ks.comm
+        self.comm_name = ks.comm_name
+        self.op = ks.op
+        self.size_bucket = ks.size_bucket
+        self.transport = ks.transport
+        self.window_ns = ks.window_ns
+        self.host = ks.host
+        self.rank_host = dict(ks.rank_host)
+        self.rank_gpu = dict(ks.rank_gpu)
+        self.warm = ks.warm
+        self.baseline = ks.baseline.baseline
+        self.last_end_ns = ks.last_end_ns
+        self.last_effect = ks.last_effect
+        self.last_observed = ks.last_observed
+        self.closed_before = ks.closed_before
+        self.rule = RuleView(ks.rule.sustain, RuleView.of(ks.rule))
+        self.spread_rule = RuleView(ks.spread_rule.sustain, RuleView.of(ks.spread_rule))
+        self.fire_streak = Streak()  # the streak the key's last firing started with
+        # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
+        # they belong to the anomaly only if the streak breaks.
+        self.hold: list[list] = []
+        self.incident: str | None = None
+        self.spread_incident: str | None = None
+
+    tuple = KeyState.tuple
+    describe = KeyState.describe
+
+    def apply(self, v: KeyVerdict) -> None:
+        self.host = v.host
+        self.warm = v.warm
+        self.baseline = v.baseline_after
+        self.last_end_ns = v.end_ns
+        self.last_effect = v.effect
+        self.last_observed = v.observed
+        self.closed_before = v.closed_before
+        self.rule.firing, self.rule.streak, self.rule.start_ns, self.rule.end_ns = v.rule
+        sr = self.spread_rule
+        sr.firing, sr.streak, sr.start_ns, sr.end_ns = v.spread_rule
+        if v.rank_host is not None:
+            self.rank_host = v.rank_host
+        if v.rank_gpu is not None:
+            self.rank_gpu = v.rank_gpu
+        if v.fired is not None:
+            self.fire_streak = v.fired.streak
+
+    def to_state(self) -> dict[str, Any]:
+        """The job stage's own part; the rest is the key's (:meth:`KeyState.to_state`)."""
+        return {
+            "rule": self.rule.to_state(),
+            "spread_rule": self.spread_rule.to_state(),
+            "fire_streak": self.fire_streak.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, ks: KeyState, key_state: dict[str, Any]) -> KeyView:
+        """Rebuilt from the key's saved state and the job stage's own part; a state saved
+        before the two stages were split has no ``view``: then the key's rules are the view's."""
+        obj = cls(ks)
+        obj.hold = [list(h) for h in key_state.get("hold", ())]
+        obj.incident = key_state.get("incident")
+        obj.spread_incident = key_state.get("spread_incident")
+        view = key_state.get("view")
+        if view is not None:
+            obj.rule = RuleView(obj.rule.sustain, tuple(view["rule"]))
+            obj.spread_rule = RuleView(obj.spread_rule.sustain, tuple(view["spread_rule"]))
+            obj.fire_streak = Streak.from_state(view["fire_streak"])
         return obj
 
 

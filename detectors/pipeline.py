@@ -47,7 +47,7 @@ from ncclwatch.rules import NETWORK_TRANSPORTS
 from .attribution import Verdict, attribute, degraded_now, rule_degraded
 from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
-from .keys import KeyParams, KeyState, KeyVerdict, Streak
+from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence
 from .model import BusbwModel
 from .sustained import FIRE, RESOLVE
 from .telemetry import TelemetryTracker
@@ -60,7 +60,7 @@ COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "st
 
 class JobState:
     __slots__ = (
-        "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "keys",
+        "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
         "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed",
     )
 
@@ -71,8 +71,9 @@ class JobState:
         self.window_ns = 0
         self.lateness_ns = 0  # how long an incomplete group waits past its end
         self.silent = False
-        self.keys: dict[KeyTuple, KeyState] = {}
-        self.pending_keys: dict[KeyTuple, KeyState] = {}
+        self.stage: dict[KeyTuple, KeyState] = {}  # the key stage's keys
+        self.keys: dict[KeyTuple, KeyView] = {}  # the job stage's view of them
+        self.pending_keys: dict[KeyTuple, KeyState] = {}  # keys with groups still open
         self.telemetry = TelemetryTracker()
         self.throughput = ThroughputTracker(cfg)
         self.incidents: dict[str, Incident] = {}  # open ones, in opening order
@@ -214,7 +215,7 @@ class Pipeline:
         return list(self._jobs)
 
     def key_count(self) -> int:
-        return sum(len(j.keys) for j in self._jobs.values())
+        return sum(len(j.stage) for j in self._jobs.values())
 
     def lag_s(self) -> float | None:
         """Wall clock minus the newest record time seen, in seconds."""
@@ -249,9 +250,10 @@ class Pipeline:
             job.watermark = end
         if w.transport != "single":
             gk = (w.comm, w.op, w.size_bucket, w.transport)
-            ks = job.keys.get(gk)
+            ks = job.stage.get(gk)
             if ks is None:
-                ks = job.keys[gk] = self._new_key(w)
+                ks = job.stage[gk] = self._new_key(w)
+                job.keys[gk] = KeyView(ks)
             complete = ks.add(w)
             if complete is None:
                 self.late_windows += 1
@@ -278,13 +280,18 @@ class Pipeline:
 
     def _close_upto(self, job: JobState, ks: KeyState, start: int, out: list) -> None:
         """Close every pending group of ``ks`` starting at or before ``start``, in order."""
+        view = job.keys[ks.tuple]
         for s, group in ks.take_upto(start):
-            self._key_verdict(job, ks, ks.close(s, group, self._p), out)
+            v = ks.close(s, group, self._p)
+            if self.observer is not None:
+                self.observer.key_window(job.job, ks, v.observed, v.baseline, v.effect, v.exec_ns_p50, v.end_ns)
+            view.apply(v)
+            self._key_verdict(job, view, v, out)
         if not ks.pending:
             job.pending_keys.pop(ks.tuple, None)
 
-    def _key_verdict(self, job: JobState, ks: KeyState, v: KeyVerdict, out: list) -> None:
-        """What one closed group of a key sets off across the job."""
+    def _key_verdict(self, job: JobState, ks: KeyView, v: KeyVerdict, out: list) -> None:
+        """What one closed group of a key sets off across the job (``ks`` has seen it)."""
         if v.was_firing:
             inc = job.incidents.get(ks.incident) if ks.incident else None
             if v.transition == RESOLVE or v.effect < self.cfg.recover_threshold:
@@ -297,18 +304,17 @@ class Pipeline:
                 inc.add_window(v.effect, v.observed, v.baseline, trigger)
                 if v.degraded and v.drift:
                     inc.drift = True
-        if self.observer is not None:
-            self.observer.key_window(job.job, ks, v.observed, v.baseline, v.effect, v.exec_ns_p50, v.end_ns)
         if v.transition == FIRE:
-            self._key_fired(job, ks, out)
+            self._key_fired(job, ks, v.fired, out)
         elif v.transition == RESOLVE:
             self._key_resolved(job, ks, ks.rule.end_ns, out)
         if v.spread_transition == FIRE:
-            self._spread_fired(job, ks, v.spread_effect, out)
+            self._spread_fired(job, ks, v.spread_effect, v.spread_fired, out)
         elif v.spread_transition == RESOLVE:
             self._spread_resolved(job, ks, out)
 
-    def _spread_fired(self, job: JobState, ks: KeyState, spread_effect: float, out: list) -> None:
+    def _spread_fired(self, job: JobState, ks: KeyView, spread_effect: float, sc: SpreadEvidence,
+                      out: list) -> None:
         """A sustained drop of the ranks' spread: a straggler, if one rank explains it.
 
         Not while a key of the same communicator is degraded or part of a link
@@ -317,23 +323,21 @@ class Pipeline:
         """
         if self._link_trouble(job, ks.comm):
             return
-        sc = ks.straggler
         rank = sc.low_rank
         if rank is None or sc.low_streak < max(1, self.cfg.sustain_windows - 1):
             return  # the fastest rank keeps changing: jitter, not one late rank
         host = ks.rank_host.get(rank)
-        scores = sorted(sc.rank_scores().items(), key=lambda kv: -kv[1])[:5]
         v = Verdict(
             "straggler", "straggler", scope=host if host is not None else f"{ks.comm}/{rank}",
             host=host, rank=rank,
-            evidence={"rank_scores": [[r, round(s, 4)] for r, s in scores], "comm": ks.comm,
+            evidence={"rank_scores": sc.rank_scores, "comm": ks.comm,
                       "spread_effect": round(spread_effect, 6),
                       **({"gpu": ks.rank_gpu[rank]} if rank in ks.rank_gpu else {})},
         )
         member = (*ks.tuple, "spread")
         inc = self._find_live(job, "straggler", v.scope)
         start = ks.spread_rule.start_ns if ks.spread_rule.start_ns is not None else job.watermark
-        b = ks.baseline.baseline
+        b = ks.baseline
         if inc is None:
             inc = self._open(job, v, start, ks)
             inc.trigger = member
@@ -353,7 +357,7 @@ class Pipeline:
                 inc.listed.append({**ks.describe(), "effect": round(ks.last_effect, 6)})
         ks.spread_incident = inc.id
 
-    def _spread_resolved(self, job: JobState, ks: KeyState, out: list) -> None:
+    def _spread_resolved(self, job: JobState, ks: KeyView, out: list) -> None:
         inc = job.incidents.get(ks.spread_incident) if ks.spread_incident else None
         ks.spread_incident = None
         if inc is None:
@@ -368,14 +372,12 @@ class Pipeline:
 
     # --- incidents from keys ------------------------------------------------------
 
-    def _key_fired(self, job: JobState, ks: KeyState, out: list) -> None:
-        effect = ks.streak.mean_effect()
-        if effect is None:
-            effect = ks.last_effect
+    def _key_fired(self, job: JobState, ks: KeyView, fired: FireEvidence, out: list) -> None:
         v = attribute(
             ks,
             job.keys.values(),
-            effect=effect,
+            straggler_rank=fired.straggler_rank,
+            rank_scores=fired.rank_scores,
             now_ns=job.watermark,
             recent_ns=job.lateness_ns + 2 * ks.window_ns,
         )
@@ -391,7 +393,6 @@ class Pipeline:
             self._confirm(job, inc, out)
         else:
             self._join(inc, ks)
-        ks.streak = Streak()
 
     def _early_span_ns(self, job: JobState) -> int:
         """How long after its start an incident must show its cost to be raised."""
@@ -550,7 +551,7 @@ class Pipeline:
                 ks.incident = inc.id
         return True
 
-    def _open(self, job: JobState, v: Verdict, start: int, ks: KeyState | None) -> Incident:
+    def _open(self, job: JobState, v: Verdict, start: int, ks: KeyView | None) -> Incident:
         cfg = self.cfg
         inc = Incident(
             id=incident_id(job.job, v.type, v.scope, start),
@@ -575,9 +576,9 @@ class Pipeline:
         job.incidents[inc.id] = inc
         return inc
 
-    def _join(self, inc: Incident, ks: KeyState) -> None:
+    def _join(self, inc: Incident, ks: KeyView) -> None:
         gk = ks.tuple
-        st = ks.streak
+        st = ks.fire_streak
         inc.eff_sum += st.effect_sum
         inc.eff_n += st.windows
         inc.peak = max(inc.peak, st.peak)
@@ -601,10 +602,9 @@ class Pipeline:
         if inc.type == "network_path":
             inc.evidence["hosts"] = sorted(set(inc.evidence.get("hosts", ())) | set(ks.rank_host.values()))
 
-    def _key_resolved(self, job: JobState, ks: KeyState, end_ns: int | None, out: list) -> None:
+    def _key_resolved(self, job: JobState, ks: KeyView, end_ns: int | None, out: list) -> None:
         inc = job.incidents.get(ks.incident) if ks.incident else None
         ks.incident = None
-        ks.streak = Streak()
         ks.hold = []
         if inc is None:
             return
@@ -754,7 +754,6 @@ class Pipeline:
                 ks.spread_rule.force_resolve(ks.last_end_ns)
             ks.incident = None
             ks.spread_incident = None
-            ks.streak = Streak()
             ks.hold = []
         tp = job.throughput
         if tp.rule.firing:
@@ -947,13 +946,19 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "window_ns": job.window_ns,
         "lateness_ns": job.lateness_ns,
         "silent": job.silent,
-        "keys": [[*gk, ks.to_state()] for gk, ks in job.keys.items()],
+        "keys": [[*gk, _key_state(ks, job.keys[gk])] for gk, ks in job.stage.items()],
         "pending_keys": [list(gk) for gk in job.pending_keys],
         "telemetry": job.telemetry.to_state(),
         "throughput": job.throughput.to_state(),
         "incidents": [inc.to_state() for inc in job.incidents.values()],
         "tp_suppressed": job.tp_suppressed,
     }
+
+
+def _key_state(ks: KeyState, view: KeyView) -> dict[str, Any]:
+    # The job stage's part where states saved before the split kept it, plus "view".
+    return {**ks.to_state(), "hold": [list(h) for h in view.hold], "incident": view.incident,
+            "spread_incident": view.spread_incident, "view": view.to_state()}
 
 
 def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyParams) -> JobState:
@@ -964,9 +969,11 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyPa
     job.lateness_ns = st["lateness_ns"]
     job.silent = st["silent"]
     for *gk, ks_state in st["keys"]:
-        job.keys[tuple(gk)] = KeyState.from_state(gk, ks_state, p)
+        key = tuple(gk)
+        ks = job.stage[key] = KeyState.from_state(gk, ks_state, p)
+        job.keys[key] = KeyView.from_state(ks, ks_state)
     for gk in st["pending_keys"]:
-        job.pending_keys[tuple(gk)] = job.keys[tuple(gk)]
+        job.pending_keys[tuple(gk)] = job.stage[tuple(gk)]
     job.telemetry = TelemetryTracker.from_state(st["telemetry"])
     job.throughput = ThroughputTracker.from_state(cfg, st["throughput"])
     for inc_state in st["incidents"]:

@@ -267,7 +267,7 @@ def test_pipeline_state_is_plain_json_and_restores_without_rewarming(streams):
     text = json.dumps(p.to_state(), allow_nan=False)
     q = Pipeline.from_state(cfg, json.loads(text))
     job = q._jobs[q.jobs()[0]]
-    assert all(ks.baseline.warm for ks in job.keys.values())
+    assert all(ks.baseline.warm for ks in job.stage.values())
 
 
 def _record_time(r) -> int:

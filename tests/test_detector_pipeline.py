@@ -90,7 +90,7 @@ def test_baseline_does_not_learn_a_long_degradation_as_normal():
     events = feed(p, range(400), two_ranks(lambda t: 28.0 if 20 <= t < 380 else 40.0))
     assert [(e.state, s(e.start_ns), s(e.end_ns)) for e in events] == [
         ("firing", 20, None), ("resolved", 20, 380)]
-    assert p._jobs["j"].keys[(NET, "AllReduce", "64MiB", "net")].baseline.baseline == 40.0
+    assert p._jobs["j"].stage[(NET, "AllReduce", "64MiB", "net")].baseline.baseline == 40.0
 
 
 def test_busbw_is_the_best_rank_s_so_one_waiting_rank_cannot_fire_a_key():
@@ -163,7 +163,7 @@ def test_ranks_with_other_op_instances_are_left_out_of_the_straggler_score():
                     seq=10 * t + (100 if r == 3 else 0)) for r in range(4)]
 
     feed(p, range(30), make)
-    scorer = p._jobs["j"].keys[(NET, "AllReduce", "64MiB", "net")].straggler
+    scorer = p._jobs["j"].stage[(NET, "AllReduce", "64MiB", "net")].straggler
     assert 3 not in scorer.rank_scores()
 
 
@@ -423,3 +423,22 @@ def test_a_throughput_drop_that_outlasts_its_comm_anomaly_is_reported_after_it()
         ("throughput_drop", "firing"), ("throughput_drop", "resolved")]
     drop = events[2]
     assert 35 <= s(drop.start_ns) <= 40 and drop.evidence["after_comm_anomaly"] is True
+
+
+def test_a_key_back_from_silence_still_degraded_fires_a_new_anomaly():
+    # The job stage ends the anomaly of a key that went quiet (the job went on); the key
+    # stage, which never hears of that, starts the key's rule over when its windows
+    # come back after the gap, so a loss that is still there is raised again.
+    p = Pipeline(DetectorConfig(warmup_windows=5, telemetry_timeout_s=5))
+
+    def make(t):
+        recs = [win(t, r, 40.0, comm=NET2) for r in (0, 1)]
+        if not 30 <= t < 45:
+            recs += [win(t, r, 28.0 if t >= 20 else 40.0) for r in (0, 1)]
+        return recs
+
+    events = feed(p, range(60), make)
+    comm = [(e.state, s(e.start_ns), s(e.end_ns), e.evidence.get("resolved_because"))
+            for e in events if e.type != "telemetry_loss"]
+    assert comm == [("firing", 20, None, None), ("resolved", 20, 30, "keys_silent"),
+                    ("firing", 45, None, None)]
