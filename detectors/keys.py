@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import WindowSummary
@@ -62,6 +62,13 @@ class KeyVerdict:
     its own :class:`KeyView` of every key and never reads a :class:`KeyState`.
     """
 
+    KIND: ClassVar[str] = "key_verdict"
+
+    job: str
+    key: KeyTuple  # (comm, op, size_bucket, transport)
+    comm_name: str
+    window_ns: int
+    ranks: list[tuple[int, str]]  # the group's (rank, host): the job stage's liveness
     start_ns: int
     end_ns: int
     observed: float  # bus bandwidth of the group (its least-waiting rank), GB/s
@@ -230,6 +237,15 @@ class KeyState:
         self.spread_rule = SustainedRule(**p.spread_rule)
         self.spread_unlearned: list[float] = []
 
+    @classmethod
+    def new(cls, w: WindowSummary, p: KeyParams, model: Any = None) -> KeyState:
+        """The key of window ``w``, its baseline primed by the cold-start ``model`` if any."""
+        ks = cls(w, p)
+        if model is not None and w.count > 0:
+            ks.baseline.set_prior(
+                model.predict_busbw_gbs(w.transport, w.op, w.bytes / w.count, w.nranks, w.size_bucket))
+        return ks
+
     @property
     def warm(self) -> bool:
         return self.baseline.log_baseline is not None
@@ -378,10 +394,15 @@ class KeyState:
             spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, _top_scores(sc))
         ex = sorted([r.exec_ns_p50 for r in recs])
         return KeyVerdict(
-            start, end, obs, b, effect, degraded, self.drift.drift_detected, was_firing, transition,
-            spread_transition, spread_effect, ex[n >> 1], self.host, base.log_baseline is not None,
-            base.baseline, self.closed_before, RuleView.of(rule), RuleView.of(self.spread_rule),
-            dict(rank_host) if moved else None, dict(rank_gpu) if moved else None, fired, spread_fired,
+            job=first.job, key=self.tuple, comm_name=self.comm_name, window_ns=self.window_ns,
+            ranks=[(r.rank, r.host) for r in recs], start_ns=start, end_ns=end, observed=obs,
+            baseline=b, effect=effect, degraded=degraded, drift=self.drift.drift_detected,
+            was_firing=was_firing, transition=transition, spread_transition=spread_transition,
+            spread_effect=spread_effect, exec_ns_p50=ex[n >> 1], host=self.host,
+            warm=base.log_baseline is not None, baseline_after=base.baseline,
+            closed_before=self.closed_before, rule=RuleView.of(rule),
+            spread_rule=RuleView.of(self.spread_rule), rank_host=dict(rank_host) if moved else None,
+            rank_gpu=dict(rank_gpu) if moved else None, fired=fired, spread_fired=spread_fired,
         )
 
     def _spread_window(self, spread: float, start: int, p: KeyParams) -> tuple[str | None, float]:
@@ -473,24 +494,23 @@ class KeyView:
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident",
     )
 
-    def __init__(self, ks: KeyState):
-        self.comm = ks.comm
-        self.comm_name = ks.comm_name
-        self.op = ks.op
-        self.size_bucket = ks.size_bucket
-        self.transport = ks.transport
-        self.window_ns = ks.window_ns
-        self.host = ks.host
-        self.rank_host = dict(ks.rank_host)
-        self.rank_gpu = dict(ks.rank_gpu)
-        self.warm = ks.warm
-        self.baseline = ks.baseline.baseline
-        self.last_end_ns = ks.last_end_ns
-        self.last_effect = ks.last_effect
-        self.last_observed = ks.last_observed
-        self.closed_before = ks.closed_before
-        self.rule = RuleView(ks.rule.sustain, RuleView.of(ks.rule))
-        self.spread_rule = RuleView(ks.spread_rule.sustain, RuleView.of(ks.spread_rule))
+    def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
+        """A key the job stage has heard nothing of but its name."""
+        self.comm, self.op, self.size_bucket, self.transport = key
+        self.comm_name = comm_name
+        self.window_ns = window_ns
+        self.host: str | None = None
+        self.rank_host: dict[int, str] = {}
+        self.rank_gpu: dict[int, str] = {}
+        self.warm = False
+        self.baseline: float | None = None
+        self.last_end_ns = -1
+        self.last_effect = 0.0
+        self.last_observed: float | None = None
+        self.closed_before = -(1 << 62)
+        idle = (False, 0, None, None)
+        self.rule = RuleView(sustain, idle)
+        self.spread_rule = RuleView(sustain, idle)
         self.fire_streak = Streak()  # the streak the key's last firing started with
         # While firing, the windows of a recovery streak in progress [[effect, obs, base]]:
         # they belong to the anomaly only if the streak breaks.
@@ -500,6 +520,24 @@ class KeyView:
 
     tuple = KeyState.tuple
     describe = KeyState.describe
+
+    @classmethod
+    def of(cls, ks: KeyState) -> KeyView:
+        """A view of ``ks`` as it is (one process running both stages sees the key's
+        window before any verdict of it: a cold-start prior makes it warm already)."""
+        obj = cls(ks.tuple, ks.comm_name, ks.window_ns, ks.rule.sustain)
+        obj.host = ks.host
+        obj.rank_host = dict(ks.rank_host)
+        obj.rank_gpu = dict(ks.rank_gpu)
+        obj.warm = ks.warm
+        obj.baseline = ks.baseline.baseline
+        obj.last_end_ns = ks.last_end_ns
+        obj.last_effect = ks.last_effect
+        obj.last_observed = ks.last_observed
+        obj.closed_before = ks.closed_before
+        obj.rule = RuleView(ks.rule.sustain, RuleView.of(ks.rule))
+        obj.spread_rule = RuleView(ks.spread_rule.sustain, RuleView.of(ks.spread_rule))
+        return obj
 
     def apply(self, v: KeyVerdict) -> None:
         self.host = v.host
@@ -531,7 +569,7 @@ class KeyView:
     def from_state(cls, ks: KeyState, key_state: dict[str, Any]) -> KeyView:
         """Rebuilt from the key's saved state and the job stage's own part; a state saved
         before the two stages were split has no ``view``: then the key's rules are the view's."""
-        obj = cls(ks)
+        obj = cls.of(ks)
         obj.hold = [list(h) for h in key_state.get("hold", ())]
         obj.incident = key_state.get("incident")
         obj.spread_incident = key_state.get("spread_incident")
@@ -541,6 +579,117 @@ class KeyView:
             obj.spread_rule = RuleView(obj.spread_rule.sustain, tuple(view["spread_rule"]))
             obj.fire_streak = Streak.from_state(view["fire_streak"])
         return obj
+
+
+class _CommTime:
+    """One communicator's stream time in the key stage."""
+
+    __slots__ = ("watermark", "next_tick_ns", "window_ns", "lateness_ns", "pending")
+
+    def __init__(self, window_ns: int, lateness_ns: int):
+        self.watermark = -1  # largest window end of the communicator seen
+        self.next_tick_ns = -1
+        self.window_ns = window_ns
+        self.lateness_ns = lateness_ns
+        self.pending: dict[tuple, KeyState] = {}  # its keys with groups still open
+
+
+class KeyStage:
+    """The key stage on its own, for the communicators it is given: windows in,
+    :class:`KeyVerdict` s out, for a job stage elsewhere (``Pipeline.process``).
+
+    One process running both stages is :class:`~.pipeline.Pipeline` fed windows; this
+    is the key stage of a topology keyed per communicator, where no process sees a
+    whole job. So groups wait on their *communicator's* stream time, not the job's: a
+    group whose ranks do not all arrive closes ``lateness_windows`` after the
+    communicator's newest window (more, up to ``max_lateness_windows``, once windows of
+    a lagging forwarder arrive late). A communicator's verdicts depend only on its own
+    windows and their order, however communicators are spread over processes.
+    Windows of single-rank communicators (transport ``single``) form no group and are
+    left out.
+
+    Examples
+    --------
+    >>> from ncclwatch.config import DetectorConfig
+    >>> from ncclwatch.records import WindowSummary
+    >>> stage = KeyStage(DetectorConfig())
+    >>> def window(t, rank):
+    ...     return WindowSummary(job="j", host=f"h{rank}", comm="0x" + "0" * 15 + "1",
+    ...         comm_name="", op="AllReduce", size_bucket="64MiB", transport="net", rank=rank,
+    ...         nranks=2, start_ns=t * 10**9, end_ns=(t + 1) * 10**9, count=10,
+    ...         bytes=10 << 26, exec_ns_min=1, exec_ns_p50=1_000_000, exec_ns_p95=1,
+    ...         exec_ns_max=1, busbw_gbs_p50=40.0, first_seq=10 * t, last_seq=10 * t + 9)
+    >>> stage.process(window(0, 0))
+    []
+    >>> [(v.key[1], v.start_ns, v.observed, v.ranks) for v in stage.process(window(0, 1))]
+    [('AllReduce', 0, 40.0, [(0, 'h0'), (1, 'h1')])]
+    """
+
+    def __init__(self, cfg: Any, *, model: Any = None):
+        from .model import BusbwModel
+
+        cfg = getattr(cfg, "detector", cfg)
+        self.cfg = cfg
+        self.model = BusbwModel.resolve(model, cfg.model_path)
+        self._p = KeyParams(cfg)
+        self._keys: dict[tuple, KeyState] = {}  # (job, *key tuple) -> state
+        self._comms: dict[tuple[str, str], _CommTime] = {}
+        self.late_windows = 0
+
+    def process(self, w: WindowSummary) -> list[KeyVerdict]:
+        if w.transport == "single":
+            return []
+        out: list[KeyVerdict] = []
+        ck = (w.job, w.comm)
+        c = self._comms.get(ck)
+        if c is None:
+            window_ns = max(w.end_ns - w.start_ns, 1)
+            c = self._comms[ck] = _CommTime(window_ns, self.cfg.lateness_windows * window_ns)
+        end = w.end_ns
+        if end > c.watermark:
+            c.watermark = end
+        gk = (w.job, w.comm, w.op, w.size_bucket, w.transport)
+        ks = self._keys.get(gk)
+        if ks is None:
+            ks = self._keys[gk] = KeyState.new(w, self._p, self.model)
+        complete = ks.add(w)
+        if complete is None:
+            self.late_windows += 1
+            lag = c.watermark - end + c.window_ns
+            if lag > c.lateness_ns:
+                c.lateness_ns = min(lag, self.cfg.max_lateness_windows * c.window_ns)
+        else:
+            c.pending[gk] = ks
+            if complete:
+                self._close(c, gk, ks, w.start_ns, out)
+        if c.watermark >= c.next_tick_ns:
+            now = c.watermark
+            c.next_tick_ns = now - now % c.window_ns + c.window_ns
+            due = now - c.lateness_ns  # groups ending by then close, complete or not
+            for k, pks in list(c.pending.items()):
+                start = pks.due(due)
+                if start is not None:
+                    self._close(c, k, pks, start, out)
+        return out
+
+    def flush(self) -> list[KeyVerdict]:
+        """End of input: close every group still open."""
+        out: list[KeyVerdict] = []
+        for c in self._comms.values():
+            for k, ks in list(c.pending.items()):
+                if ks.pending:
+                    self._close(c, k, ks, max(ks.pending), out)
+        return out
+
+    def key_count(self) -> int:
+        return len(self._keys)
+
+    def _close(self, c: _CommTime, gk: tuple, ks: KeyState, start: int, out: list[KeyVerdict]) -> None:
+        p = self._p
+        for s, group in ks.take_upto(start):
+            out.append(ks.close(s, group, p))
+        if not ks.pending:
+            c.pending.pop(gk, None)
 
 
 def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:

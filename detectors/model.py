@@ -120,3 +120,12 @@ class BusbwModel:
     @classmethod
     def load(cls, path: str | Path) -> BusbwModel:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def resolve(cls, model: BusbwModel | str | Path | None, model_path: str) -> BusbwModel | None:
+        """The model a detector was given (an object or a path), else ``model_path``'s."""
+        if model is None and model_path:
+            model = model_path
+        if isinstance(model, (str, Path)):
+            model = cls.load(model)
+        return model

@@ -135,11 +135,7 @@ class Pipeline:
         if not isinstance(cfg, DetectorConfig):
             raise TypeError(f"cfg must be a DetectorConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        if model is None and cfg.model_path:
-            model = cfg.model_path
-        if isinstance(model, (str, Path)):
-            model = BusbwModel.load(model)
-        self.model: BusbwModel | None = model
+        self.model = BusbwModel.resolve(model, cfg.model_path)
         self.clock = clock or time.time
         self.observer: Any = None
         self._p = KeyParams(cfg)
@@ -156,6 +152,7 @@ class Pipeline:
             DropRecord.KIND: self._drop,
             PluginStats.KIND: self._plugin_stats,
             OpRecord.KIND: self._ignore,
+            KeyVerdict.KIND: self._verdict,
         }
 
     # --- the driver API -----------------------------------------------------------
@@ -215,7 +212,7 @@ class Pipeline:
         return list(self._jobs)
 
     def key_count(self) -> int:
-        return sum(len(j.stage) for j in self._jobs.values())
+        return sum(len(j.keys) for j in self._jobs.values())
 
     def lag_s(self) -> float | None:
         """Wall clock minus the newest record time seen, in seconds."""
@@ -225,35 +222,44 @@ class Pipeline:
 
     # --- windows ------------------------------------------------------------------
 
-    def _window(self, w: WindowSummary, out: list[AnomalyEvent]) -> None:
-        job = self._jobs.get(w.job)
+    def _job_of(self, name: str, window_ns: int) -> JobState:
+        job = self._jobs.get(name)
         if job is None:
-            job = self._jobs[w.job] = JobState(w.job, self.cfg)
+            job = self._jobs[name] = JobState(name, self.cfg)
         if not job.window_ns:
-            job.window_ns = max(w.end_ns - w.start_ns, 1)
-            job.lateness_ns = self.cfg.lateness_windows * job.window_ns
-        end = w.end_ns
+            job.window_ns = window_ns
+            job.lateness_ns = self.cfg.lateness_windows * window_ns
+        return job
+
+    def _seen(self, job: JobState, comm: str, rank: int, host: str, start: int, end: int) -> None:
+        """A rank reported a window ``[start, end)``: its liveness, the job's stream time."""
         if end > self.last_end_ns:
             self.last_end_ns = end
         tel = job.telemetry
-        rk = (w.comm, w.rank)
+        rk = (comm, rank)
         last = tel.rank_last.get(rk)
         if last is None:
-            tel.rank_host[rk] = w.host
+            tel.rank_host[rk] = host
             tel.rank_last[rk] = end
         elif end > last:
             if end - last > self._timeout_ns:
-                tel.resumed.setdefault(w.host, w.start_ns)
+                tel.resumed.setdefault(host, start)
             tel.rank_last[rk] = end
         job.silent = False
         if end > job.watermark:
             job.watermark = end
+
+    def _window(self, w: WindowSummary, out: list[AnomalyEvent]) -> None:
+        """Both stages in this process: the key stage's grouping, then the job stage."""
+        job = self._job_of(w.job, max(w.end_ns - w.start_ns, 1))
+        end = w.end_ns
+        self._seen(job, w.comm, w.rank, w.host, w.start_ns, end)
         if w.transport != "single":
             gk = (w.comm, w.op, w.size_bucket, w.transport)
             ks = job.stage.get(gk)
             if ks is None:
-                ks = job.stage[gk] = self._new_key(w)
-                job.keys[gk] = KeyView(ks)
+                ks = job.stage[gk] = KeyState.new(w, self._p, self.model)
+                job.keys[gk] = KeyView.of(ks)
             complete = ks.add(w)
             if complete is None:
                 self.late_windows += 1
@@ -269,14 +275,23 @@ class Pipeline:
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)
 
-    def _new_key(self, w: WindowSummary) -> KeyState:
-        ks = KeyState(w, self._p)
-        if self.model is not None and w.count > 0:
-            prior = self.model.predict_busbw_gbs(
-                w.transport, w.op, w.bytes / w.count, w.nranks, w.size_bucket
-            )
-            ks.baseline.set_prior(prior)
-        return ks
+    def _verdict(self, v: KeyVerdict, out: list[AnomalyEvent]) -> None:
+        """The job stage on its own: a verdict from a key stage elsewhere (:class:`~.keys.KeyStage`).
+
+        Its ranks are the liveness the windows would have given, late by the group's
+        wait; a key is known from its first verdict on.
+        """
+        job = self._job_of(v.job, v.window_ns)
+        comm = v.key[0]
+        for rank, host in v.ranks:
+            self._seen(job, comm, rank, host, v.start_ns, v.end_ns)
+        view = job.keys.get(v.key)
+        if view is None:
+            view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)
+        view.apply(v)
+        self._key_verdict(job, view, v, out)
+        if job.watermark >= job.next_tick_ns:
+            self._tick(job, out)
 
     def _close_upto(self, job: JobState, ks: KeyState, start: int, out: list) -> None:
         """Close every pending group of ``ks`` starting at or before ``start``, in order."""

@@ -1,0 +1,97 @@
+"""The detector library's two stages run apart (key stages per communicator, one job
+stage fed their verdicts): the events do not depend on how communicators are spread
+over key stages, and they are the incidents one process running both finds."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from ncclwatch.detectors.pipeline import detect_all
+from ncclwatch_testkit import scenarios, stages
+
+from ncclwatch.config import DetectorConfig
+
+CFG = DetectorConfig()
+WINDOW_NS = 10**9
+
+# one of each fault kind, and a healthy noisy job
+NAMES = [
+    "steady_noisy_2x8", "network_step25_4x1", "network_node1_2x8", "network_late_forwarder_2x2",
+    "nvlink_ramp_2x8", "straggler_2x8", "throughput_dip_2x2", "telemetry_silence_2x2",
+    "telemetry_drops_2x2", "multi_fault_2x8",
+]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def case(request):
+    records, _ = scenarios.generate(scenarios.by_name(request.param))
+    return request.param, records
+
+
+def test_events_do_not_depend_on_how_communicators_are_spread_over_key_stages(case):
+    _, records = case
+    one = stages.run_two_stages(records, 1, CFG)
+    for shards in (2, 3, 5):
+        assert stages.run_two_stages(records, shards, CFG) == one, f"{shards} key stages"
+
+
+def test_two_stages_raise_the_incidents_one_process_raises(case):
+    # Same incidents, same starts and states; the moment of detection may move by a
+    # few windows (the job stage's stream time is its verdicts' ends), and a straggler's
+    # rank is a communicator rank, so it is the rank in whichever key said so first.
+    name, records = case
+    one = detect_all(records, CFG)
+    two = stages.run_two_stages(records, 2, CFG)
+
+    def what(events):
+        return [(e.type, e.state, e.host, e.severity, e.start_ns) for e in events]
+
+    assert what(two) == what(one), name
+    for a, b in zip(one, two, strict=True):
+        assert abs(a.detected_ns - b.detected_ns) <= 3 * WINDOW_NS, (name, a.type, a.state)
+
+
+def test_a_verdict_carries_all_the_job_stage_reads_of_its_key():
+    # Verdicts that went through bytes (as across processes) give the same events: the
+    # job stage holds no reference into the key stage.
+    records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
+    parts, other = stages.split(records, 2)
+    verdicts = [v for part in parts for v in stages.key_stage(part, CFG)]
+    copied = pickle.loads(pickle.dumps(verdicts))
+    events = stages.job_stage(stages.job_stage_input(copied, other), CFG)
+    assert events == stages.job_stage(stages.job_stage_input(verdicts, other), CFG)
+    assert {e.type for e in events} == {"network_path", "straggler", "intra_node"}
+
+
+def _window(comm: str, t: int, rank: int):
+    from ncclwatch.records import WindowSummary
+
+    return WindowSummary(
+        job="j", host=f"h{rank}", comm=comm, comm_name="", op="AllReduce", size_bucket="64MiB",
+        transport="net", rank=rank, nranks=2, start_ns=t * WINDOW_NS, end_ns=(t + 1) * WINDOW_NS,
+        count=10, bytes=10 << 26, exec_ns_min=1, exec_ns_p50=1_000_000, exec_ns_p95=1, exec_ns_max=1,
+        busbw_gbs_p50=40.0, first_seq=10 * t, last_seq=10 * t + 9)
+
+
+def test_a_communicators_verdicts_depend_only_on_its_own_windows():
+    # Communicator A's windows come 3 (rank 0) and 6 (rank 1) windows behind B's, in the
+    # same key stage: A's groups wait on A's stream time, not B's, so A's verdicts are
+    # what a key stage holding A alone gives. (Alone, A closes its first groups without
+    # rank 1, then waits longer for it, up to max_lateness_windows.)
+    a, b = "0x" + "a" * 16, "0x" + "b" * 16
+    stream = []
+    for t in range(26):
+        stream += [_window(b, t, 0), _window(b, t, 1)]
+        if t >= 3:
+            stream.append(_window(a, t - 3, 0))
+        if t >= 6:
+            stream.append(_window(a, t - 6, 1))
+    together = [v for v in stages.key_stage(stream, CFG) if v.key[0] == a]
+    alone = stages.key_stage([w for w in stream if w.comm == a], CFG)
+
+    def what(vs):
+        return [(v.start_ns // WINDOW_NS, sorted(r for r, _ in v.ranks)) for v in vs]
+
+    assert what(together) == what(alone)
+    assert what(alone)[5:20] == [(t, [0, 1]) for t in range(5, 20)]
