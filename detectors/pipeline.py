@@ -231,20 +231,23 @@ class Pipeline:
             job.lateness_ns = self.cfg.lateness_windows * window_ns
         return job
 
-    def _seen(self, job: JobState, comm: str, rank: int, host: str, start: int, end: int) -> None:
-        """A rank reported a window ``[start, end)``: its liveness, the job's stream time."""
+    def _seen(self, job: JobState, comm: str, ranks: Any, start: int, end: int) -> None:
+        """Ranks ``[(rank, host), ...]`` of ``comm`` reported a window ``[start, end)``:
+        their liveness, the job's stream time (one loop for a group of thousands)."""
         if end > self.last_end_ns:
             self.last_end_ns = end
         tel = job.telemetry
-        rk = (comm, rank)
-        last = tel.rank_last.get(rk)
-        if last is None:
-            tel.rank_host[rk] = host
-            tel.rank_last[rk] = end
-        elif end > last:
-            if end - last > self._timeout_ns:
-                tel.resumed.setdefault(host, start)
-            tel.rank_last[rk] = end
+        rank_last, timeout = tel.rank_last, self._timeout_ns
+        for rank, host in ranks:
+            rk = (comm, rank)
+            last = rank_last.get(rk)
+            if last is None:
+                tel.rank_host[rk] = host
+                rank_last[rk] = end
+            elif end > last:
+                if end - last > timeout:
+                    tel.resumed.setdefault(host, start)
+                rank_last[rk] = end
         job.silent = False
         if end > job.watermark:
             job.watermark = end
@@ -253,7 +256,7 @@ class Pipeline:
         """Both stages in this process: the key stage's grouping, then the job stage."""
         job = self._job_of(w.job, max(w.end_ns - w.start_ns, 1))
         end = w.end_ns
-        self._seen(job, w.comm, w.rank, w.host, w.start_ns, end)
+        self._seen(job, w.comm, ((w.rank, w.host),), w.start_ns, end)
         if w.transport != "single":
             gk = (w.comm, w.op, w.size_bucket, w.transport)
             ks = job.stage.get(gk)
@@ -282,9 +285,7 @@ class Pipeline:
         wait; a key is known from its first verdict on.
         """
         job = self._job_of(v.job, v.window_ns)
-        comm = v.key[0]
-        for rank, host in v.ranks:
-            self._seen(job, comm, rank, host, v.start_ns, v.end_ns)
+        self._seen(job, v.key[0], v.ranks, v.start_ns, v.end_ns)
         view = job.keys.get(v.key)
         if view is None:
             view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)

@@ -51,6 +51,23 @@ class TelemetryTracker:
 
     def check(self, now_ns: int, timeout_ns: int) -> dict[str, dict[str, Any]]:
         """Hosts with a problem now: host -> {since_ns, silent_host, silent_ranks, drops}."""
+        out: dict[str, dict[str, Any]] = {}
+        # Every rank reported within the timeout (one pass in C): no silent rank or host,
+        # and no need for the walk below, once a window over every rank of a large job.
+        if self.rank_last and now_ns - min(self.rank_last.values()) > timeout_ns:
+            self._check_silent(now_ns, timeout_ns, out)
+        for host, (first, last, count, reasons) in list(self.drops.items()):
+            if now_ns - last > timeout_ns:
+                del self.drops[host]  # old news: a later drop starts a new episode
+                continue
+            p = out.get(host)
+            if p is None:
+                p = out[host] = _problem(first)
+                p["since_ns"] = first
+            p["drops"] = {"count": count, "reasons": dict(sorted(reasons.items())), "last_ns": last}
+        return out
+
+    def _check_silent(self, now_ns: int, timeout_ns: int, out: dict[str, dict[str, Any]]) -> None:
         comm_last: dict[str, int] = {}
         host_last: dict[str, int] = {}
         for (comm, rank), last in self.rank_last.items():
@@ -59,7 +76,6 @@ class TelemetryTracker:
             host = self.rank_host[(comm, rank)]
             if last > host_last.get(host, -1):
                 host_last[host] = last
-        out: dict[str, dict[str, Any]] = {}
         for (comm, rank), last in self.rank_last.items():
             if now_ns - last > timeout_ns and now_ns - comm_last[comm] <= timeout_ns:
                 host = self.rank_host[(comm, rank)]
@@ -71,16 +87,6 @@ class TelemetryTracker:
             if now_ns - last > timeout_ns:
                 p = out.setdefault(host, _problem(last))
                 p["silent_host"] = True
-        for host, (first, last, count, reasons) in list(self.drops.items()):
-            if now_ns - last > timeout_ns:
-                del self.drops[host]  # old news: a later drop starts a new episode
-                continue
-            p = out.get(host)
-            if p is None:
-                p = out[host] = _problem(first)
-                p["since_ns"] = first
-            p["drops"] = {"count": count, "reasons": dict(sorted(reasons.items())), "last_ns": last}
-        return out
 
     def to_state(self) -> dict[str, Any]:
         return {
