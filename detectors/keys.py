@@ -581,17 +581,45 @@ class KeyView:
         return obj
 
 
-class _CommTime:
-    """One communicator's stream time in the key stage."""
+class GroupClock:
+    """The stream time groups wait on: one communicator's in a :class:`KeyStage`, the
+    job's in a :class:`~.pipeline.Pipeline` running both stages (its ``JobState`` has the
+    same four attributes)."""
 
     __slots__ = ("watermark", "next_tick_ns", "window_ns", "lateness_ns", "pending")
 
     def __init__(self, window_ns: int, lateness_ns: int):
-        self.watermark = -1  # largest window end of the communicator seen
+        self.watermark = -1  # largest window end seen
         self.next_tick_ns = -1
         self.window_ns = window_ns
-        self.lateness_ns = lateness_ns
-        self.pending: dict[tuple, KeyState] = {}  # its keys with groups still open
+        self.lateness_ns = lateness_ns  # how long an incomplete group waits past its end
+        self.pending: dict[tuple, KeyState] = {}  # keys with groups still open
+
+
+def place(ks: KeyState, w: WindowSummary, clock: Any, pending: dict[Any, KeyState], key: Any,
+          max_lateness_windows: int) -> bool | None:
+    """Put ``w`` in its group of ``ks`` (and ``ks`` in ``pending`` under ``key``):
+    whether the group is complete now, or None if ``w`` came after its group closed.
+    A late window makes ``clock`` wait longer from now on (up to
+    ``max_lateness_windows``), or a lagging forwarder's ranks would drop out of every
+    group for good."""
+    complete = ks.add(w)
+    if complete is None:
+        lag = clock.watermark - w.end_ns + clock.window_ns
+        if lag > clock.lateness_ns:
+            clock.lateness_ns = min(lag, max_lateness_windows * clock.window_ns)
+    else:
+        pending[key] = ks
+    return complete
+
+
+def due(clock: Any, pending: dict[Any, KeyState]) -> list[tuple[KeyState, int]]:
+    """At a window boundary of ``clock``: set its next one, and return the pending keys
+    whose groups waited ``lateness_ns`` past their end, with the latest such start."""
+    now = clock.watermark
+    clock.next_tick_ns = now - now % clock.window_ns + clock.window_ns
+    due_ns = now - clock.lateness_ns
+    return [(ks, start) for ks in list(pending.values()) if (start := ks.due(due_ns)) is not None]
 
 
 class KeyStage:
@@ -633,7 +661,7 @@ class KeyStage:
         self.model = BusbwModel.resolve(model, cfg.model_path)
         self._p = KeyParams(cfg)
         self._keys: dict[tuple, KeyState] = {}  # (job, *key tuple) -> state
-        self._comms: dict[tuple[str, str], _CommTime] = {}
+        self._comms: dict[tuple[str, str], GroupClock] = {}
         self.late_windows = 0
 
     def process(self, w: WindowSummary) -> list[KeyVerdict]:
@@ -644,32 +672,21 @@ class KeyStage:
         c = self._comms.get(ck)
         if c is None:
             window_ns = max(w.end_ns - w.start_ns, 1)
-            c = self._comms[ck] = _CommTime(window_ns, self.cfg.lateness_windows * window_ns)
-        end = w.end_ns
-        if end > c.watermark:
-            c.watermark = end
+            c = self._comms[ck] = GroupClock(window_ns, self.cfg.lateness_windows * window_ns)
+        if w.end_ns > c.watermark:
+            c.watermark = w.end_ns
         gk = (w.job, w.comm, w.op, w.size_bucket, w.transport)
         ks = self._keys.get(gk)
         if ks is None:
             ks = self._keys[gk] = KeyState.new(w, self._p, self.model)
-        complete = ks.add(w)
-        if complete is None:
+        complete = place(ks, w, c, c.pending, gk, self.cfg.max_lateness_windows)
+        if complete:
+            self._close(c, gk, ks, w.start_ns, out)
+        elif complete is None:
             self.late_windows += 1
-            lag = c.watermark - end + c.window_ns
-            if lag > c.lateness_ns:
-                c.lateness_ns = min(lag, self.cfg.max_lateness_windows * c.window_ns)
-        else:
-            c.pending[gk] = ks
-            if complete:
-                self._close(c, gk, ks, w.start_ns, out)
         if c.watermark >= c.next_tick_ns:
-            now = c.watermark
-            c.next_tick_ns = now - now % c.window_ns + c.window_ns
-            due = now - c.lateness_ns  # groups ending by then close, complete or not
-            for k, pks in list(c.pending.items()):
-                start = pks.due(due)
-                if start is not None:
-                    self._close(c, k, pks, start, out)
+            for pks, start in due(c, c.pending):
+                self._close(c, (w.job, *pks.tuple), pks, start, out)
         return out
 
     def flush(self) -> list[KeyVerdict]:
@@ -684,7 +701,7 @@ class KeyStage:
     def key_count(self) -> int:
         return len(self._keys)
 
-    def _close(self, c: _CommTime, gk: tuple, ks: KeyState, start: int, out: list[KeyVerdict]) -> None:
+    def _close(self, c: GroupClock, gk: tuple, ks: KeyState, start: int, out: list[KeyVerdict]) -> None:
         p = self._p
         for s, group in ks.take_upto(start):
             out.append(ks.close(s, group, p))

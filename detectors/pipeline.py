@@ -47,7 +47,7 @@ from ncclwatch.rules import NETWORK_TRANSPORTS
 from .attribution import Verdict, attribute, degraded_now, rule_degraded
 from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
-from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence
+from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
 from .model import BusbwModel
 from .sustained import FIRE, RESOLVE
 from .telemetry import TelemetryTracker
@@ -263,18 +263,11 @@ class Pipeline:
             if ks is None:
                 ks = job.stage[gk] = KeyState.new(w, self._p, self.model)
                 job.keys[gk] = KeyView.of(ks)
-            complete = ks.add(w)
-            if complete is None:
+            complete = place(ks, w, job, job.pending_keys, gk, self.cfg.max_lateness_windows)
+            if complete:
+                self._close_upto(job, ks, w.start_ns, out)
+            elif complete is None:
                 self.late_windows += 1
-                # A forwarder that lags: wait longer for it from now on (bounded), or
-                # its ranks would drop out of every group for good.
-                lag = job.watermark - end + job.window_ns
-                if lag > job.lateness_ns:
-                    job.lateness_ns = min(lag, self.cfg.max_lateness_windows * job.window_ns)
-            else:
-                job.pending_keys[gk] = ks
-                if complete:
-                    self._close_upto(job, ks, w.start_ns, out)
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)
 
@@ -670,14 +663,8 @@ class Pipeline:
     # --- maintenance ticks --------------------------------------------------------
 
     def _tick(self, job: JobState, out: list) -> None:
-        w = job.window_ns
-        now = job.watermark
-        job.next_tick_ns = now - now % w + w
-        due = now - job.lateness_ns  # groups ending by then close, complete or not
-        for ks in list(job.pending_keys.values()):
-            start = ks.due(due)
-            if start is not None:
-                self._close_upto(job, ks, start, out)
+        for ks, start in due(job, job.pending_keys):  # groups that waited long enough
+            self._close_upto(job, ks, start, out)
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
         self._decide_throughput_drop(job, out)

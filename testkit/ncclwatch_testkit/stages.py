@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ncclwatch.detectors.keys import KeyStage, KeyVerdict
-from ncclwatch.detectors.pipeline import Pipeline
+from ncclwatch.detectors.pipeline import detect_all
 
 from ncclwatch.records import AnomalyEvent, WindowSummary
 
@@ -62,12 +62,8 @@ def job_stage_input(verdicts: Iterable[KeyVerdict], records: Iterable[Any]) -> l
 
 
 def job_stage(inputs: Sequence[Any], cfg: Any, *, model: Any = None) -> list[AnomalyEvent]:
-    p = Pipeline(cfg, model=model)
-    out: list[AnomalyEvent] = []
-    for r in inputs:
-        out += p.process(r)
-    out += p.flush()
-    return out
+    """The job stage over its inputs (``job_stage_input``), to the end."""
+    return detect_all(inputs, cfg, model=model)
 
 
 def split(records: Iterable[Any], shards: int) -> tuple[list[list[WindowSummary]], list[Any]]:
