@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+import msgspec
+
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import WindowSummary
 
@@ -145,6 +147,7 @@ def _top_scores(sc: StragglerScorer) -> list[list]:
     return [[r, round(s, 4)] for r, s in sorted(sc.rank_scores().items(), key=lambda kv: -kv[1])[:5]]
 
 
+@dataclass(slots=True)
 class Streak:
     """A key's degraded windows before its rule fires: what the anomaly starts with.
 
@@ -156,15 +159,12 @@ class Streak:
     True
     """
 
-    __slots__ = ("windows", "effect_sum", "peak", "observed_sum", "baseline_sum", "drift")
-
-    def __init__(self) -> None:
-        self.windows = 0
-        self.effect_sum = 0.0
-        self.peak = 0.0
-        self.observed_sum = 0.0
-        self.baseline_sum = 0.0
-        self.drift = False  # Page-Hinkley saw the key drift down during the streak
+    windows: int = 0
+    effect_sum: float = 0.0
+    peak: float = 0.0
+    observed_sum: float = 0.0
+    baseline_sum: float = 0.0
+    drift: bool = False  # Page-Hinkley saw the key drift down during the streak
 
     def add(self, effect: float, observed: float, baseline: float, *, drift: bool) -> None:
         self.windows += 1
@@ -727,3 +727,45 @@ def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
         if 2 * overlap >= r.last_seq - r.first_seq + 1:
             out[r.rank] = r.exec_ns_p50
     return out
+
+
+# --- the wire format between the stages -----------------------------------------
+
+VERDICT_VERSION = 1
+_encoder = msgspec.json.Encoder()
+_envelope = msgspec.json.Decoder(tuple[int, msgspec.Raw])
+_verdict = msgspec.json.Decoder(KeyVerdict)
+
+
+def encode_verdict(v: KeyVerdict) -> bytes:
+    """A verdict as JSON, ``[VERDICT_VERSION, {...fields}]``, for a job stage in another process.
+
+    >>> from ncclwatch.config import DetectorConfig
+    >>> v = KeyVerdict(job="j", key=("0x1", "AllReduce", "64MiB", "net"), comm_name="", window_ns=10**9,
+    ...     ranks=[(0, "h0"), (1, "h1")], start_ns=0, end_ns=10**9, observed=40.0, baseline=None,
+    ...     effect=0.0, degraded=False, drift=False, was_firing=False, transition=None,
+    ...     spread_transition=None, spread_effect=0.0, exec_ns_p50=10**6, host=None, warm=False,
+    ...     baseline_after=None, closed_before=1, rule=(False, 0, None, None),
+    ...     spread_rule=(False, 0, None, None))
+    >>> decode_verdict(encode_verdict(v)) == v
+    True
+    >>> decode_verdict(b'[2, {}]')
+    Traceback (most recent call last):
+    ...
+    ValueError: key verdict format version 2: this build reads version 1
+    """
+    return _encoder.encode((VERDICT_VERSION, v))
+
+
+def decode_verdict(data: bytes) -> KeyVerdict:
+    """:func:`encode_verdict`'s bytes back; ValueError (saying what is wrong) otherwise."""
+    try:
+        version, raw = _envelope.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not a key verdict: {e}") from None
+    if version != VERDICT_VERSION:
+        raise ValueError(f"key verdict format version {version}: this build reads version {VERDICT_VERSION}")
+    try:
+        return _verdict.decode(raw)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"malformed key verdict: {e}") from None

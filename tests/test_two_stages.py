@@ -4,9 +4,8 @@ over key stages, and they are the incidents one process running both finds."""
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
+from ncclwatch.detectors.keys import decode_verdict, encode_verdict
 from ncclwatch.detectors.pipeline import detect_all
 from ncclwatch_testkit import scenarios, stages
 
@@ -53,15 +52,28 @@ def test_two_stages_raise_the_incidents_one_process_raises(case):
 
 
 def test_a_verdict_carries_all_the_job_stage_reads_of_its_key():
-    # Verdicts that went through bytes (as across processes) give the same events: the
-    # job stage holds no reference into the key stage.
+    # Verdicts that went through their wire format (as between processes) give the same
+    # events: the job stage holds no reference into the key stage.
     records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
     parts, other = stages.split(records, 2)
     verdicts = [v for part in parts for v in stages.key_stage(part, CFG)]
-    copied = pickle.loads(pickle.dumps(verdicts))
+    copied = [decode_verdict(encode_verdict(v)) for v in verdicts]
+    assert copied == verdicts
     events = stages.job_stage(stages.job_stage_input(copied, other), CFG)
     assert events == stages.job_stage(stages.job_stage_input(verdicts, other), CFG)
     assert {e.type for e in events} == {"network_path", "straggler", "intra_node"}
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b"", "not a key verdict"),
+    (b'{"job": "j"}', "not a key verdict"),
+    (b'[99, {}]', "format version 99: this build reads version 1"),
+    (b'[1, {"job": "j"}]', "malformed key verdict"),
+    (b'[1, {"job": 5}]', "malformed key verdict"),
+])
+def test_a_bad_verdict_is_refused_with_what_is_wrong(data, says):
+    with pytest.raises(ValueError, match=says):
+        decode_verdict(data)
 
 
 def _window(comm: str, t: int, rank: int):

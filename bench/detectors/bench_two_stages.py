@@ -9,10 +9,12 @@ split by communicator (``ncclwatch_testkit.stages.shard_of``) before timing; the
 
 - **key stage**: ``--processes`` forked processes run a
   :class:`~ncclwatch.detectors.keys.KeyStage` each over their share and send their
-  verdicts back pickled through a pipe. Timed: wall clock from the start of the first to
-  the return of the last (the rate), and each process's CPU time;
-- **job stage**: one ``Pipeline`` reads every verdict with the job's throughput records
-  in the canonical order (``stages.job_stage_input``). Timed: CPU time;
+  verdicts back in their wire format (``encode_verdict``) through a pipe. Timed: wall
+  clock from the start of the first to the return of the last (the rate), and each
+  process's CPU time, encoding included;
+- **job stage**: one ``Pipeline`` decodes every verdict and reads them with the job's
+  throughput records in the canonical order (``stages.job_stage_input``). Timed: CPU
+  time, decoding and ordering included;
 - **one process**: a ``Pipeline`` fed the windows (both stages), for reference.
 
 This runs the library's stages as a two-stage topology would, with processes and pipes
@@ -29,13 +31,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import pickle
 import platform
 import resource
 import statistics
 import time
 from datetime import UTC, datetime
 
+from ncclwatch.detectors.keys import decode_verdict, encode_verdict
 from ncclwatch.detectors.pipeline import Pipeline
 from ncclwatch_testkit import scenarios, stages
 
@@ -45,11 +47,10 @@ CFG = DetectorConfig()
 _PARTS: list[list] = []  # the windows per shard, inherited by forked processes
 
 
-def _key_stage(shard: int) -> tuple[bytes, float]:
+def _key_stage(shard: int) -> tuple[list[bytes], float]:
     t = time.process_time()
-    verdicts = stages.key_stage(_PARTS[shard], CFG)
-    cpu = time.process_time() - t
-    return pickle.dumps(verdicts, protocol=pickle.HIGHEST_PROTOCOL), cpu
+    verdicts = [encode_verdict(v) for v in stages.key_stage(_PARTS[shard], CFG)]
+    return verdicts, time.process_time() - t
 
 
 def key_stages(parts: list[list], processes: int) -> tuple[list, float, list[float]]:
@@ -61,7 +62,7 @@ def key_stages(parts: list[list], processes: int) -> tuple[list, float, list[flo
     with ctx.Pool(processes) as pool:
         results = pool.map(_key_stage, range(len(parts)), chunksize=1)
     wall = time.perf_counter() - t
-    verdicts = [v for blob, _ in results for v in pickle.loads(blob)]
+    verdicts = [v for blobs, _ in results for v in blobs]
     return verdicts, wall, [cpu for _, cpu in results]
 
 
@@ -114,10 +115,10 @@ def main() -> int:
     for _ in range(args.repeats):
         for n in counts:  # interleaved, so machine noise spreads over every count
             parts, other = stages.split(records, n)
-            verdicts, wall, cpus = key_stages(parts, n)
-            inputs = stages.job_stage_input(verdicts, other)
+            blobs, wall, cpus = key_stages(parts, n)
             t = time.process_time()
-            events = stages.job_stage(inputs, CFG)
+            verdicts = [decode_verdict(b) for b in blobs]
+            events = stages.job_stage(stages.job_stage_input(verdicts, other), CFG)
             job_cpu = time.process_time() - t
             r = results.setdefault(n, {"wall": [], "key_cpu": [], "job_cpu": [], "verdicts": len(verdicts)})
             r["wall"].append(wall)
