@@ -12,6 +12,7 @@ job (incidents, attribution, throughput, telemetry) is :mod:`.pipeline`'s.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -662,6 +663,8 @@ class KeyStage:
         self._p = KeyParams(cfg)
         self._keys: dict[tuple, KeyState] = {}  # (job, *key tuple) -> state
         self._comms: dict[tuple[str, str], GroupClock] = {}
+        self._newest = -1  # newest window end seen, of any job
+        self._window_ns = 1
         self.late_windows = 0
 
     def process(self, w: WindowSummary) -> list[KeyVerdict]:
@@ -675,6 +678,8 @@ class KeyStage:
             c = self._comms[ck] = GroupClock(window_ns, self.cfg.lateness_windows * window_ns)
         if w.end_ns > c.watermark:
             c.watermark = w.end_ns
+            if w.end_ns > self._newest:
+                self._newest, self._window_ns = w.end_ns, c.window_ns
         gk = (w.job, w.comm, w.op, w.size_bucket, w.transport)
         ks = self._keys.get(gk)
         if ks is None:
@@ -701,12 +706,89 @@ class KeyStage:
     def key_count(self) -> int:
         return len(self._keys)
 
+    def mark(self) -> int:
+        """A progress mark for the job stages: every verdict this stage will still send
+        ends after the returned time.
+
+        A group closes at the latest ``max_lateness_windows`` after its end on its
+        communicator's stream time, and a forwarder lagging more than that has its
+        windows left out of their groups; so nothing still to come ends more than that
+        (and one window) before the newest window here. A communicator that lags its key
+        stage's newest window by more (all its ranks on one slow forwarder) reaches the
+        job stage late: :class:`VerdictMerge` counts those.
+        """
+        if self._newest < 0:
+            return -(1 << 62)
+        return self._newest - (self.cfg.max_lateness_windows + 1) * self._window_ns - 1
+
     def _close(self, c: GroupClock, gk: tuple, ks: KeyState, start: int, out: list[KeyVerdict]) -> None:
         p = self._p
         for s, group in ks.take_upto(start):
             out.append(ks.close(s, group, p))
         if not ks.pending:
             c.pending.pop(gk, None)
+
+
+class VerdictMerge:
+    """A job stage's verdicts from several key stages (``sources``: one per partition of
+    the windows), in the canonical order (window end, window start, job, key), let go as
+    far as every key stage's progress mark (:meth:`KeyStage.mark`) allows, so the order,
+    and with it the events, does not depend on which key stage answered first.
+
+    A verdict ending at or before what was already let go (a key stage broke its mark:
+    a forwarder lagging more than ``max_lateness_windows``, a communicator back from a
+    long silence) goes out with the next release, in arrival order, and is counted in
+    ``late``.
+
+    >>> m = VerdictMerge(["a", "b"])
+    >>> def v(end, comm):
+    ...     return KeyVerdict(job="j", key=(comm, "AllReduce", "64MiB", "net"), comm_name="",
+    ...         window_ns=1, ranks=[], start_ns=end - 1, end_ns=end, observed=1.0, baseline=None,
+    ...         effect=0.0, degraded=False, drift=False, was_firing=False, transition=None,
+    ...         spread_transition=None, spread_effect=0.0, exec_ns_p50=1, host=None, warm=False,
+    ...         baseline_after=None, closed_before=end, rule=(False, 0, None, None),
+    ...         spread_rule=(False, 0, None, None))
+    >>> m.add(v(2, "c2")); m.add(v(1, "c9")); m.mark("a", 2)
+    >>> m.release()                     # b may still send something ending at 1
+    []
+    >>> m.add(v(1, "c1")); m.mark("b", 1)
+    >>> [(x.end_ns, x.key[0]) for x in m.release()]
+    [(1, 'c1'), (1, 'c9')]
+    >>> [(x.end_ns, x.key[0]) for x in m.release(flush=True)]
+    [(2, 'c2')]
+    """
+
+    def __init__(self, sources: Any):
+        self._marks: dict[Any, int] = dict.fromkeys(sources, -(1 << 62))
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._late: list[KeyVerdict] = []
+        self.released_upto = -(1 << 62)
+        self.late = 0
+
+    def add(self, v: KeyVerdict) -> None:
+        if v.end_ns <= self.released_upto:
+            self._late.append(v)
+            self.late += 1
+            return
+        self._seq += 1
+        heapq.heappush(self._heap, (v.end_ns, v.start_ns, v.job, v.key, self._seq, v))
+
+    def mark(self, source: Any, upto_ns: int) -> None:
+        """``source`` has sent every verdict ending at or before ``upto_ns``."""
+        if upto_ns > self._marks[source]:
+            self._marks[source] = upto_ns
+
+    def release(self, *, flush: bool = False) -> list[KeyVerdict]:
+        """What may go now, in order (``flush``: everything, at the end of input)."""
+        out, self._late = self._late, []
+        bound = float("inf") if flush else min(self._marks.values())
+        heap = self._heap
+        while heap and heap[0][0] <= bound:
+            out.append(heapq.heappop(heap)[-1])
+        if not flush and bound > self.released_upto:
+            self.released_upto = int(bound)
+        return out
 
 
 def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
