@@ -559,26 +559,54 @@ class KeyView:
             self.fire_streak = v.fired.streak
 
     def to_state(self) -> dict[str, Any]:
-        """The job stage's own part; the rest is the key's (:meth:`KeyState.to_state`)."""
         return {
+            "comm_name": self.comm_name,
+            "window_ns": self.window_ns,
+            "host": self.host,
+            "rank_host": [[r, h] for r, h in self.rank_host.items()],
+            "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
+            "warm": self.warm,
+            "baseline": self.baseline,
+            "last_end": self.last_end_ns,
+            "last_effect": self.last_effect,
+            "last_observed": self.last_observed,
+            "closed_before": self.closed_before,
             "rule": self.rule.to_state(),
             "spread_rule": self.spread_rule.to_state(),
             "fire_streak": self.fire_streak.to_state(),
+            "hold": [list(h) for h in self.hold],
+            "incident": self.incident,
+            "spread_incident": self.spread_incident,
         }
 
     @classmethod
-    def from_state(cls, ks: KeyState, key_state: dict[str, Any]) -> KeyView:
-        """Rebuilt from the key's saved state and the job stage's own part; a state saved
-        before the two stages were split has no ``view``: then the key's rules are the view's."""
+    def from_state(cls, key: KeyTuple, st: dict[str, Any], sustain: int) -> KeyView:
+        obj = cls(key, st["comm_name"], st["window_ns"], sustain)
+        obj.host = st["host"]
+        obj.rank_host = {int(r): h for r, h in st["rank_host"]}
+        obj.rank_gpu = {int(r): g for r, g in st["rank_gpu"]}
+        obj.warm = st["warm"]
+        obj.baseline = st["baseline"]
+        obj.last_end_ns = st["last_end"]
+        obj.last_effect = st["last_effect"]
+        obj.last_observed = st["last_observed"]
+        obj.closed_before = st["closed_before"]
+        obj.rule = RuleView(sustain, tuple(st["rule"]))
+        obj.spread_rule = RuleView(sustain, tuple(st["spread_rule"]))
+        obj.fire_streak = Streak.from_state(st["fire_streak"])
+        obj.hold = [list(h) for h in st["hold"]]
+        obj.incident = st["incident"]
+        obj.spread_incident = st["spread_incident"]
+        return obj
+
+    @classmethod
+    def from_key_state(cls, ks: KeyState, key_state: dict[str, Any]) -> KeyView:
+        """A key's view in a state saved before the two stages were split (no ``view``):
+        what the key stage holds, and the job stage's part that the key kept then."""
         obj = cls.of(ks)
         obj.hold = [list(h) for h in key_state.get("hold", ())]
         obj.incident = key_state.get("incident")
         obj.spread_incident = key_state.get("spread_incident")
-        view = key_state.get("view")
-        if view is not None:
-            obj.rule = RuleView(obj.rule.sustain, tuple(view["rule"]))
-            obj.spread_rule = RuleView(obj.spread_rule.sustain, tuple(view["spread_rule"]))
-            obj.fire_streak = Streak.from_state(view["fire_streak"])
         return obj
 
 

@@ -950,6 +950,8 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "lateness_ns": job.lateness_ns,
         "silent": job.silent,
         "keys": [[*gk, _key_state(ks, job.keys[gk])] for gk, ks in job.stage.items()],
+        # keys known from verdicts only (the job stage fed by key stages elsewhere)
+        "views": [[*gk, v.to_state()] for gk, v in job.keys.items() if gk not in job.stage],
         "pending_keys": [list(gk) for gk in job.pending_keys],
         "telemetry": job.telemetry.to_state(),
         "throughput": job.throughput.to_state(),
@@ -959,7 +961,8 @@ def _job_state(job: JobState) -> dict[str, Any]:
 
 
 def _key_state(ks: KeyState, view: KeyView) -> dict[str, Any]:
-    # The job stage's part where states saved before the split kept it, plus "view".
+    # The job stage's part also where states saved before the split kept it, so a
+    # state saved now still loads in a build from before it.
     return {**ks.to_state(), "hold": [list(h) for h in view.hold], "incident": view.incident,
             "spread_incident": view.spread_incident, "view": view.to_state()}
 
@@ -974,7 +977,11 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyPa
     for *gk, ks_state in st["keys"]:
         key = tuple(gk)
         ks = job.stage[key] = KeyState.from_state(gk, ks_state, p)
-        job.keys[key] = KeyView.from_state(ks, ks_state)
+        view = ks_state.get("view")
+        job.keys[key] = (KeyView.from_key_state(ks, ks_state) if view is None
+                         else KeyView.from_state(key, view, cfg.sustain_windows))
+    for *gk, view in st.get("views", ()):
+        job.keys[tuple(gk)] = KeyView.from_state(tuple(gk), view, cfg.sustain_windows)
     for gk in st["pending_keys"]:
         job.pending_keys[tuple(gk)] = job.stage[tuple(gk)]
     job.telemetry = TelemetryTracker.from_state(st["telemetry"])

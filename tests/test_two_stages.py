@@ -140,3 +140,23 @@ def test_streaming_merge_lets_verdicts_go_in_the_order_of_the_finished_shards(na
     assert streamed == offline
     assert merge.late == 0
     assert released_before_end > 0.9 * len(offline)  # it streams: little waits for the end
+
+
+def test_a_job_stage_fed_verdicts_saved_and_restored_goes_on_as_if_never_stopped():
+    import json
+
+    from ncclwatch.detectors.pipeline import Pipeline
+
+    records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
+    parts, other = stages.split(records, 2)
+    inputs = stages.job_stage_input([v for p in parts for v in stages.key_stage(p, CFG)], other)
+    whole = stages.job_stage(inputs, CFG)
+    for cut in (len(inputs) // 3, len(inputs) * 2 // 3):  # inside the straggler, then the NVLink fault
+        p = Pipeline(CFG)
+        events = [e for r in inputs[:cut] for e in p.process(r)]
+        state = json.loads(json.dumps(p.to_state()))
+        assert state["jobs"][0][1]["views"] and not state["jobs"][0][1]["keys"]
+        p = Pipeline.from_state(CFG, state)
+        events += [e for r in inputs[cut:] for e in p.process(r)]
+        events += p.flush()
+        assert events == whole, cut
