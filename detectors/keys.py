@@ -7,7 +7,13 @@ order (:meth:`KeyState.take_upto`), and turns each into a :class:`KeyVerdict`
 (:meth:`KeyState.close`): the key's observation against its own baseline, its sustained
 rule's transition, and its ranks' spread against theirs. Everything here reads and writes
 this one key only, so keys can be worked on apart; what a verdict sets off across the
-job (incidents, attribution, throughput, telemetry) is :mod:`.pipeline`'s.
+job (incidents, attribution, throughput, telemetry) is :mod:`.pipeline`'s, which knows a
+key only as the :class:`KeyView` its verdicts built.
+
+:class:`KeyStage` runs the key stage on its own (groups waiting on each communicator's
+stream time); :func:`encode_verdict`/:func:`decode_verdict` carry verdicts between
+processes, and :class:`VerdictMerge` puts several key stages' verdicts back in one order
+for a job stage, as far as their progress marks (:meth:`KeyStage.mark`) allow.
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ class KeyVerdict:
     warm: bool
     baseline_after: float | None
     closed_before: int
-    rule: tuple[bool, int, int | None, int | None]  # RuleView.STATE
+    rule: tuple[bool, int, int | None, int | None]  # (firing, streak, start, end): RuleView.of
     spread_rule: tuple[bool, int, int | None, int | None]
     rank_host: dict[int, str] | None = None  # a copy, only when it changed
     rank_gpu: dict[int, str] | None = None
@@ -264,7 +270,7 @@ class KeyState:
             "transport": self.transport,
         }
 
-    # --- the key stage ------------------------------------------------------------
+    # --- grouping and closing -------------------------------------------------------
 
     def add(self, w: WindowSummary) -> bool | None:
         """Put a window in its group: None if its group has closed already (late),
