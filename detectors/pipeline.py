@@ -7,20 +7,26 @@ the same events with the same ids wherever they run, and a pipeline saved with
 :meth:`Pipeline.to_state` and restored with :meth:`Pipeline.from_state` continues as if
 it had never stopped.
 
-Flow for window summaries (one per job, comm, op, size bucket, transport, rank, window):
+Flow for window summaries (one per job, comm, op, size bucket, transport, rank, window),
+in two stages that share no state (docs/architecture.md, "Two stages in the library"):
 
-1. windows of one key and window start are *grouped across ranks* (a collective's bus
-   bandwidth belongs to the whole communicator). A group closes when every rank of the
-   communicator reported, when a later group of the key closes, or when the job's stream
-   time (largest window end seen) is ``lateness_windows`` windows past its end (more,
-   up to ``max_lateness_windows``, once windows of a lagging forwarder arrive late);
-2. a closed group gives the key's observation: the median over ranks of busbw p50; the
-   ranks' exec p50s, aligned by sequence range, feed the straggler scorer;
-3. the key's :class:`~.baseline.RatioBaseline` scores it (effect ``1 - observed/baseline``),
+1. key stage (:mod:`.keys`): windows of one key and window start are *grouped across
+   ranks* (a collective's bus bandwidth belongs to the whole communicator). A group
+   closes when every rank of the communicator reported, when a later group of the key
+   closes, or when the stream time (here the job's: its largest window end seen) is
+   ``lateness_windows`` windows past its end (more, up to ``max_lateness_windows``, once
+   windows of a lagging forwarder arrive late);
+2. a closed group gives the key's observation: the busbw p50 of the rank that waited
+   least; the ranks' exec p50s, aligned by sequence range, feed the straggler scorer;
+   the key's :class:`~.baseline.RatioBaseline` scores it (effect ``1 - observed/baseline``),
    the :class:`~.sustained.SustainedRule` decides, and the baseline learns only from
-   windows that are neither degraded nor part of an anomaly;
-4. a key that fires is attributed (:mod:`.attribution`) and joins or opens an incident
+   windows that are neither degraded nor part of an anomaly: a :class:`~.keys.KeyVerdict`;
+3. job stage (here): the verdict updates the job's :class:`~.keys.KeyView` of the key; a
+   key that fires is attributed (:mod:`.attribution`) and joins or opens an incident
    (:mod:`.incidents`); the incident's event carries the job's throughput change.
+
+Fed windows, a :class:`Pipeline` runs both stages; fed ``KeyVerdict`` s from a
+:class:`~.keys.KeyStage` elsewhere, it runs the job stage alone.
 
 Throughput records drive ``throughput_drop`` and the severity of comm anomalies; drop
 records, plugin stats and silent ranks drive ``telemetry_loss``.
