@@ -42,8 +42,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ncclwatch.detectors.messages import TELEMETRY_KINDS, Message
-from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, StreamCore
+from ncclwatch.detectors.keys import encode_mark, encode_verdict
+from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
+from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, KeyDetectors, StreamCore
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
@@ -90,22 +91,68 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.2,
         help="process a partial batch after this long (default 0.2); the state is saved per batch",
     )
+    p.add_argument(
+        "--stage",
+        choices=STAGES,
+        default="all",
+        help="all: the whole detector on job-keyed windows (topics.window_key = job). With "
+        "topics.window_key = comm, one job across many workers: keys: the key stage (windows "
+        "-> verdicts, scale it with the job's size), jobs: the job stage (verdicts, "
+        "throughput, telemetry -> anomalies). Default all",
+    )
     p.add_argument("--loglevel", default="warning", help="Faust log level (default warning)")
 
 
-def topic_names(cfg: Config, app_id: str) -> dict[str, str]:
+STAGES = ("all", "keys", "jobs")
+KEY_TABLE_NAME = "key-state"
+
+
+def table_name(stage: str) -> str:
+    return KEY_TABLE_NAME if stage == "keys" else TABLE_NAME
+
+
+def default_app_id(cfg: Config, stage: str = "all") -> str:
+    suffix = "" if stage == "all" else f"-{stage}"
+    return cfg.topics.prefix + DEFAULT_APP_ID + suffix
+
+
+def topic_names(cfg: Config, app_id: str, stage: str = "all") -> dict[str, str]:
     t = cfg.topics
     return {
         "windows": t.windows,
+        "verdicts": t.verdicts,
         "throughput": t.throughput,
         "telemetry": t.telemetry,
         "anomalies": t.anomalies,
         "dead_letter": t.dead_letter,
-        "changelog": f"{app_id}-{TABLE_NAME}-changelog",
+        "changelog": f"{app_id}-{table_name(stage)}-changelog",
     }
 
 
-def ensure_topics(cfg: Config, app_id: str) -> None:
+def input_keys(stage: str) -> tuple[str, ...]:
+    """Which of ``topic_names`` a stage reads (co-partitioned with its changelog)."""
+    if stage == "keys":
+        return ("windows",)
+    if stage == "jobs":
+        return ("verdicts", "throughput", "telemetry")
+    return ("windows", "throughput", "telemetry")
+
+
+def check_stage(cfg: Config, stage: str) -> None:
+    """Refuse a stage the windows' key does not fit, saying what to change."""
+    want = "comm" if stage in ("keys", "jobs") else "job"
+    if cfg.topics.window_key != want:
+        raise SystemExit(
+            f"ncclwatch worker: --stage {stage} needs topics.window_key = \"{want}\" (it is "
+            f"\"{cfg.topics.window_key}\"): " + (
+                "the key stage reads windows keyed <job>|<comm>" if want == "comm"
+                else "the one-stage worker needs a job's windows in one partition; with "
+                "windows keyed by communicator run --stage keys and --stage jobs"
+            )
+        )
+
+
+def ensure_topics(cfg: Config, app_id: str, stage: str = "all") -> None:
     """Create the worker's topics with matching partition counts, or say what is wrong.
 
     Faust refuses a table whose changelog's partition count differs from its source
@@ -116,10 +163,12 @@ def ensure_topics(cfg: Config, app_id: str) -> None:
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    names = topic_names(cfg, app_id)
+    names = topic_names(cfg, app_id, stage)
     n = cfg.topics.partitions
     retention = {"retention.ms": str(cfg.topics.retention_ms)}
-    wanted = {name: retention for key, name in names.items() if key != "changelog"}
+    used = set(input_keys(stage)) | ({"verdicts"} if stage == "keys" else {"anomalies", "dead_letter"})
+    used.add("dead_letter")
+    wanted = {name: retention for key, name in names.items() if key in used}
     wanted[names["changelog"]] = {"cleanup.policy": "compact"}
     admin = KafkaAdminClient(**cfg.kafka.client_kwargs())
     try:
@@ -131,7 +180,7 @@ def ensure_topics(cfg: Config, app_id: str) -> None:
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
                 admin.create_topics([topic])
         # only the co-partitioned ones must match: outputs may have any count
-        must_match = [names[k] for k in ("windows", "throughput", "telemetry", "changelog")]
+        must_match = [names[k] for k in (*input_keys(stage), "changelog")]
         for desc in _describe(admin, must_match):
             got = len(desc["partitions"])
             if got != n:
@@ -144,7 +193,7 @@ def ensure_topics(cfg: Config, app_id: str) -> None:
         admin.close()
 
 
-def _ensure_topics_or_exit(cfg: Config, app_id: str) -> None:
+def _ensure_topics_or_exit(cfg: Config, app_id: str, stage: str = "all") -> None:
     """``ensure_topics``, ending the worker with one clear line (not a traceback) when
     Kafka cannot be reached or refuses the credentials."""
     from kafka.errors import KafkaError
@@ -152,7 +201,7 @@ def _ensure_topics_or_exit(cfg: Config, app_id: str) -> None:
 
     with watching_auth() as w:
         try:
-            ensure_topics(cfg, app_id)
+            ensure_topics(cfg, app_id, stage)
         except KafkaError as e:
             if w.seen:
                 raise SystemExit(f"ncclwatch worker: {auth_failure_message(cfg.kafka, w.seen, 1)}") from None
@@ -203,6 +252,16 @@ class WorkerStats:
     batches: int = 0
 
 
+def highwater(consumer: Any, tp: Any) -> int | None:
+    """The end offset of ``tp`` as last fetched; None if unknown, or if ``tp`` was
+    revoked meanwhile (aiokafka asserts that it is assigned: a batch in flight during a
+    rebalance would crash the worker)."""
+    try:
+        return consumer.highwater(tp)
+    except AssertionError:
+        return None
+
+
 def _message(event: Any) -> Message:
     m = event.message
     return Message(m.topic, m.partition, m.offset, m.key, m.value, int(m.timestamp * 1000))
@@ -220,14 +279,17 @@ class Worker:
         batch_within_s: float = 0.2,
         datadir: str | None = None,
         drain: Any = None,
+        stage: str = "all",
     ):
         import faust
 
         self.cfg = cfg
         self.app_id = app_id
+        self.stage = stage
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
-        self.names = names = topic_names(cfg, app_id)
+        self.names = names = topic_names(cfg, app_id, stage)
+        self.inputs = {names[k] for k in input_keys(stage)}
         n = cfg.topics.partitions
         self.drain = drain  # a DrainWatch: stop once the inputs are read (--until-caught-up)
         self.app = app = faust.App(
@@ -260,18 +322,27 @@ class Worker:
             "key_serializer": "raw",
             "value_serializer": "raw",
         }
-        self.detect_in = app.topic(names["windows"], names["throughput"], names["telemetry"], partitions=n, **raw)
-        self.anomalies_out = app.topic(names["anomalies"], **raw)
+        self.detect_in = app.topic(*(names[k] for k in input_keys(stage)), partitions=n, **raw)
+        # the key stage's verdicts go where the job stage reads them; the others' events
+        self.events_out = app.topic(names["verdicts" if stage == "keys" else "anomalies"], **raw)
         self.dead_out = app.topic(names["dead_letter"], **raw)
-        self.table = app.Table(TABLE_NAME, default=None, partitions=n, key_type=str)
-        self.core = StreamCore(JobDetectors(cfg.detector, partitions=cfg.topics.partitions), self._load_state)
+        self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str)
+        if stage == "keys":
+            # one time-merge group: the worker reads all its partitions abreast
+            self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state,
+                                   state_key=KeyDetectors.state_key, merge_group=lambda _: 0)
+        else:
+            detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs")
+            self.core = StreamCore(detectors, self._load_state)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
             names["windows"]: (WindowSummary,),
+            names["verdicts"]: STAGE_KINDS,
             names["throughput"]: (ThroughputRecord,),
             names["telemetry"]: TELEMETRY_KINDS,
         }
         self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read
+        self._last_read: dict[Any, float] = {}  # input partition -> when it last delivered
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
         self._stream: Any = None
         self._lock = asyncio.Lock()
@@ -280,7 +351,10 @@ class Worker:
         self.crashed: BaseException | None = None
         self.sink: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-alerts")
-        self.commits = GroupCommits(cfg.kafka.client_kwargs(), app_id)
+        # the key stage marks a partition idle only once read to its end, which the
+        # consumer knows only for partitions it fetched records from
+        ends_of = (names["windows"],) if stage == "keys" else ()
+        self.commits = GroupCommits(cfg.kafka.client_kwargs(), app_id, ends_of)
         self.reset()
         self._wire()
 
@@ -289,6 +363,7 @@ class Worker:
         self.core.forget()
         self._pending.clear()
         self._read_upto.clear()
+        self._last_read.clear()
 
     def _load_state(self, job: str) -> dict | None:
         return self.table.get(job)
@@ -321,10 +396,9 @@ class Worker:
         async def assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
             w.reset()
             # nothing may pass an input partition that has not been read yet
-            inputs = {w.names["windows"], w.names["throughput"], w.names["telemetry"]}
             for tp in assigned:
-                if tp.topic in inputs:
-                    w.core.merge.expect((tp.topic, tp.partition), tp.partition)
+                if tp.topic in w.inputs:
+                    w.core.merge.expect((tp.topic, tp.partition), w.core.merge_group(tp.partition))
             n = len(assigned)
             print(f"ncclwatch worker {w.app_id}: assigned {n} partition(s)", file=sys.stderr, flush=True)
 
@@ -349,23 +423,24 @@ class Worker:
         if it never delivered a message (it was empty, or read before a restart)."""
         consumer = self.app.consumer
         self.commits.refresh()
-        inputs = {self.names["windows"], self.names["throughput"], self.names["telemetry"]}
         for tp in consumer.assignment():
-            if tp.topic not in inputs:
+            if tp.topic not in self.inputs:
                 continue
-            highwater = consumer.highwater(tp)
+            end = highwater(consumer, tp)
             read = max(self._read_upto.get(tp, 0), self.commits.get(tp))
-            if highwater is not None and highwater <= read:
+            if end is not None and end <= read:
                 self.core.merge.progress((tp.topic, tp.partition), False)
 
     def _behind(self, events: list) -> dict[tuple[str, int], bool]:
         """Per input partition in the batch: are there messages on the broker after it?"""
         last: dict[Any, int] = {}
+        now = time.monotonic()
         for e in events:
             last[e.message.tp] = e.message.offset
             self._read_upto[e.message.tp] = e.message.offset + 1
+            self._last_read[e.message.tp] = now
         consumer = self.app.consumer
-        return {(tp.topic, tp.partition): (consumer.highwater(tp) or 0) > off + 1 for tp, off in last.items()}
+        return {(tp.topic, tp.partition): (highwater(consumer, tp) or 0) > off + 1 for tp, off in last.items()}
 
     async def detect_batch(self, stream: Any, events: list) -> None:
         """Detect what the time merge lets go, publish, save, then acknowledge."""
@@ -380,28 +455,65 @@ class Worker:
         if self.metrics is not None:
             self.metrics.batch(self, events, out, time.perf_counter() - t0)
 
+    async def _send_marks(self) -> list[Any]:
+        """The key stage's progress, one message to every partition of the verdicts
+        topic: each job stage waits on every windows partition."""
+        consumer = self.app.consumer
+        now = time.monotonic()
+        caught_up = {}
+        for tp in consumer.assignment():
+            if tp.topic == self.names["windows"]:
+                end = highwater(consumer, tp)
+                if end is None:
+                    end = self.commits.end(tp)
+                read = max(self._read_upto.get(tp, 0), self.commits.get(tp))
+                done = end is not None and end <= read
+                quiet = now - self._last_read.setdefault(tp, now) > IDLE_AFTER_S
+                caught_up[tp.partition] = done and quiet and not self.core.merge.holds((tp.topic, tp.partition))
+        marks = self.core.detectors.marks(caught_up)
+        if not marks:
+            return []
+        value = b"\n".join(encode_mark(m) for m in marks)
+        return [await self.events_out.send(key=None, value=value, partition=q)
+                for q in range(self.cfg.topics.partitions)]
+
     async def tick(self) -> None:
-        """Let go what the merge held too long; see which inputs are idle; tick alerts."""
+        """Let go what the merge held too long; see which inputs are idle; tick alerts;
+        the key stage's progress marks."""
         if self.sink is not None:
             self._executor.submit(self.sink.tick)
         self._progress_idle_inputs()
-        if self._stream is None or not self.core.merge.held:
+        if self.stage == "keys" and self._stream is None:
+            async with self._lock:
+                futures = await self._send_marks()
+                if futures:
+                    await asyncio.gather(*futures)
+            return
+        if self._stream is None or (not self.core.merge.held and self.stage != "keys"):
             return
         async with self._lock:
             await self._finish(self.core.handle([], self.kinds))
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
-        futures = [
-            await self.anomalies_out.send(
-                key=routing.key_for(ev), value=to_json(ev).encode(), timestamp=ev.detected_ns / 1e9
-            )
-            for ev in out.events
-        ]
+        if self.stage == "keys":
+            futures = [
+                await self.events_out.send(key=key, value=value, timestamp=ts)
+                for key, value, ts in pack_verdicts(out.events)
+            ]
+        else:
+            futures = [
+                await self.events_out.send(
+                    key=routing.key_for(ev), value=to_json(ev).encode(), timestamp=ev.detected_ns / 1e9
+                )
+                for ev in out.events
+            ]
         futures += [
             await self.dead_out.send(key=m.key, value=to_json(q).encode(), timestamp=(m.timestamp_ms or 0) / 1000)
             for m, q in out.dead_letters
         ]
+        if self.stage == "keys":
+            futures += await self._send_marks()
         if futures:
             await asyncio.gather(*futures)
         for job, (partition, state) in out.states.items():
@@ -426,6 +538,41 @@ class Worker:
         if self.sink is not None:
             for ev in out.events:
                 self._executor.submit(self.sink.handle, ev)
+
+
+# A windows partition read to the end counts as idle (it holds no job stage back) only
+# after this long without a message: an empty partition and one whose next message has
+# not arrived yet look alike, and only time tells them apart (Flink's idleness timeout).
+IDLE_AFTER_S = 5.0
+VERDICTS_PER_MESSAGE = 200  # ~150 KB: well under Kafka's 1 MB message limit
+
+
+def pack_verdicts(items: list[Any]) -> list[tuple[bytes, bytes, float]]:
+    """The key stage's verdicts and marks as messages ``(key, value, timestamp s)``:
+    keyed by job, a job's in their order, up to ``VERDICTS_PER_MESSAGE`` lines each.
+
+    >>> from ncclwatch.detectors.keys import KeyVerdict
+    >>> def v(job, end):
+    ...     return KeyVerdict(job=job, key=("0x1", "AllReduce", "64MiB", "net"), comm_name="",
+    ...         window_ns=1, ranks=[], start_ns=end - 1, end_ns=end, observed=1.0, baseline=None,
+    ...         effect=0.0, degraded=False, drift=False, was_firing=False, transition=None,
+    ...         spread_transition=None, spread_effect=0.0, exec_ns_p50=1, host=None, warm=False,
+    ...         baseline_after=None, closed_before=end, rule=(False, 0, None, None),
+    ...         spread_rule=(False, 0, None, None))
+    >>> [(k, v.count(b"\\n") + 1) for k, v, _ in pack_verdicts([v("a", 5), v("b", 5), v("a", 6)])]
+    [(b'a', 2), (b'b', 1)]
+    """
+    by_job: dict[str, list[Any]] = {}
+    for x in items:
+        by_job.setdefault(x.job, []).append(x)
+    out = []
+    for job, xs in by_job.items():
+        key = job.encode()
+        for i in range(0, len(xs), VERDICTS_PER_MESSAGE):
+            chunk = xs[i:i + VERDICTS_PER_MESSAGE]
+            lines = [encode_verdict(x) for x in chunk]
+            out.append((key, b"\n".join(lines), chunk[-1].end_ns / 1e9))
+    return out
 
 
 class WorkerMetrics:
@@ -471,7 +618,7 @@ class WorkerMetrics:
         for e in events:
             last[e.message.tp] = e.message.offset
         for tp, off in last.items():
-            lag = max(0, (consumer.highwater(tp) or 0) - off - 1)
+            lag = max(0, (highwater(consumer, tp) or 0) - off - 1)
             self.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
 
 
@@ -483,7 +630,8 @@ def _start_metrics(w: Worker, port: int | None) -> None:
     if (cfg.detector.metrics_port if port is None else port) < 0:
         return
     w.metrics = WorkerMetrics(cfg)
-    w.metrics.detector.bind(w.core.detectors)
+    if w.stage != "keys":  # the key stage has no anomalies to show
+        w.metrics.detector.bind(w.core.detectors)
     server = exposition.serve_configured(w.metrics.registry, cfg.detector, port)
     print(f"metrics on {server.url}", file=sys.stderr, flush=True)
 
@@ -498,11 +646,13 @@ class GroupCommits:
     longer at start. A failed look keeps the last answer.
     """
 
-    def __init__(self, client_kwargs: dict[str, Any], group: str):
+    def __init__(self, client_kwargs: dict[str, Any], group: str, ends_of: tuple[str, ...] = ()):
         self._kwargs = client_kwargs
         self._group = group
+        self._ends_of = ends_of  # topics whose end offsets to look up too
         self._offsets: Any = None
         self._snapshot: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[str, int], int] = {}
         self._busy = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-offsets")
 
@@ -518,10 +668,16 @@ class GroupCommits:
             if self._offsets is None:
                 self._offsets = KafkaOffsets(self._kwargs)
             self._snapshot = self._offsets.committed(self._group)
+            if self._ends_of:
+                self._ends = self._offsets.ends(self._ends_of)
         except Exception as e:  # the broker busy or electing: the next look decides
             log.warning("could not read the group's committed offsets: %s", e)
         finally:
             self._busy = False
+
+    def end(self, tp: Any) -> int | None:
+        """The end offset of ``tp`` as last looked up (topics ``ends_of`` only)."""
+        return self._ends.get((tp.topic, tp.partition))
 
     def get(self, tp: Any) -> int:
         """The next offset the group will read from ``tp`` (0: none committed, or not known yet)."""
@@ -576,13 +732,13 @@ class DrainWatch:
     event loop) and stops the worker as a SIGTERM would once they reach the end offsets
     seen at start (:mod:`~ncclwatch.detectors.drain`); a bar on a terminal shows the rest."""
 
-    def __init__(self, cfg: Config, app_id: str):
+    def __init__(self, cfg: Config, app_id: str, stage: str = "all"):
         from ncclwatch.detectors.drain import Drain, KafkaOffsets
 
-        names = topic_names(cfg, app_id)
+        names = topic_names(cfg, app_id, stage)
         self.app_id = app_id
         self.offsets = KafkaOffsets(cfg.kafka.client_kwargs())
-        self.drain = Drain(self.offsets.ends([names["windows"], names["throughput"], names["telemetry"]]))
+        self.drain = Drain(self.offsets.ends([names[k] for k in input_keys(stage)]))
         total = self.drain.remaining(self.offsets.committed(app_id))
         self.bar = progress.bar(total, f"worker {app_id} catching up", unit="msg")
         self.done = False
@@ -619,18 +775,20 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
 
     _tolerate_unpositioned_partitions()
 
-    app_id = args.app_id or cfg.topics.prefix + DEFAULT_APP_ID
+    stage = getattr(args, "stage", "all")
+    check_stage(cfg, stage)
+    app_id = args.app_id or default_app_id(cfg, stage)
     args.app_id = app_id
-    _ensure_topics_or_exit(cfg, app_id)
+    _ensure_topics_or_exit(cfg, app_id, stage)
     datadir = args.data_dir if args.data_dir is not None else cfg.detector.worker_data_dir
     scratch = None
     if not datadir:
         # nothing there has to outlive the process (memory:// tables, recovered from Kafka)
         scratch = tempfile.TemporaryDirectory(prefix=f"ncclwatch-worker-{app_id}-")
         datadir = scratch.name
-    drain = DrainWatch(cfg, app_id) if args.until_caught_up else None
+    drain = DrainWatch(cfg, app_id, stage) if args.until_caught_up else None
     w = Worker(cfg, app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s, datadir=datadir,
-               drain=drain)
+               drain=drain, stage=stage)
     _start_metrics(w, args.metrics_port)
     if cfg.alerting.alertmanager_url:
         from ncclwatch.alerting.sink import AlertSink
@@ -647,7 +805,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         print(
             f"ncclwatch worker {w.app_id}: {st.records} records, {st.events} events, "
             f"{st.dead_letters} dead letters, {st.skipped} re-read and skipped, "
-            f"{w.core.merge.forced} let go by the time merge before their time",
+            f"{w.core.merge.forced} let go by the time merge before their time"
+            + (f", {w.core.detectors.late_verdicts()} verdicts late" if stage == "jobs" else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ncclwatch.config import DetectorConfig
-from ncclwatch.records import WindowSummary
+from ncclwatch.records import WindowSummary, from_json, to_dict
 
 from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
 from .incidents import KeyTuple
@@ -34,6 +34,7 @@ from .straggler import MIN_REL, StragglerScorer, relative_exec
 from .sustained import FIRE, RESOLVE, SustainedRule
 
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
+NEVER = -(1 << 62)  # before any time
 
 
 class KeyParams:
@@ -697,7 +698,7 @@ class KeyStage:
         self._p = KeyParams(cfg)
         self._keys: dict[tuple, KeyState] = {}  # (job, *key tuple) -> state
         self._comms: dict[tuple[str, str], GroupClock] = {}
-        self._newest = -1  # newest window end seen, of any job
+        self._newest = -1  # newest window end seen, of any communicator
         self._window_ns = 1
         self.late_windows = 0
 
@@ -741,7 +742,7 @@ class KeyStage:
         return len(self._keys)
 
     def mark(self) -> int:
-        """A progress mark for the job stages: every verdict this stage will still send
+        """A progress mark for the job stage: every verdict this stage will still send
         ends after the returned time.
 
         A group closes at the latest ``max_lateness_windows`` after its end on its
@@ -752,8 +753,54 @@ class KeyStage:
         job stage late: :class:`VerdictMerge` counts those.
         """
         if self._newest < 0:
-            return -(1 << 62)
+            return NEVER
         return self._newest - (self.cfg.max_lateness_windows + 1) * self._window_ns - 1
+
+    def caught_up_mark(self) -> int | None:
+        """The mark once every window sent to this stage is in (its input read to the
+        end): what it will still send ends after its earliest open group; None if it
+        holds none (it is idle: nothing but windows yet to come can make a verdict)."""
+        ends = [min(ks.pending) + c.window_ns for c in self._comms.values() for ks in c.pending.values()
+                if ks.pending]
+        return max(min(ends) - 1, self.mark()) if ends else None
+
+    def comm_state(self, job: str, comm: str) -> dict[str, Any] | None:
+        """One communicator's part of the stage (its clock and keys), JSON-ready; None
+        if the stage holds nothing of it."""
+        c = self._comms.get((job, comm))
+        if c is None:
+            return None
+        keys = [[list(k[1:]), ks.to_state()] for k, ks in self._keys.items() if k[0] == job and k[1] == comm]
+        return {
+            "clock": [c.watermark, c.next_tick_ns, c.window_ns, c.lateness_ns],
+            "keys": keys,
+            "pending": [list(k[1:]) for k in c.pending],
+        }
+
+    def restore_comm(self, job: str, comm: str, st: dict[str, Any]) -> None:
+        """Put back what :meth:`comm_state` gave, replacing what the stage holds of it."""
+        self.forget_comm(job, comm)
+        c = GroupClock(1, 0)
+        c.watermark, c.next_tick_ns, c.window_ns, c.lateness_ns = st["clock"]
+        self._comms[(job, comm)] = c
+        for key, kst in st["keys"]:
+            self._keys[(job, *key)] = KeyState.from_state(key, kst, self._p)
+        for key in st["pending"]:
+            gk = (job, *key)
+            c.pending[gk] = self._keys[gk]
+        if c.watermark > self._newest:
+            self._newest, self._window_ns = c.watermark, c.window_ns
+
+    def forget_comm(self, job: str, comm: str) -> None:
+        if self._comms.pop((job, comm), None) is not None:
+            for k in [k for k in self._keys if k[0] == job and k[1] == comm]:
+                del self._keys[k]
+
+    def comms(self) -> list[tuple[str, str]]:
+        return list(self._comms)
+
+    def clock(self, job: str, comm: str) -> GroupClock:
+        return self._comms[(job, comm)]
 
     def _close(self, c: GroupClock, gk: tuple, ks: KeyState, start: int, out: list[KeyVerdict]) -> None:
         p = self._p
@@ -764,15 +811,19 @@ class KeyStage:
 
 
 class VerdictMerge:
-    """A job stage's verdicts from several key stages (``sources``: one per partition of
-    the windows), in the canonical order (window end, window start, job, key), let go as
-    far as every key stage's progress mark (:meth:`KeyStage.mark`) allows, so the order,
-    and with it the events, does not depend on which key stage answered first.
+    """A job stage's input from several key stages (``sources``: one per partition of
+    the windows), in the canonical order (time; at one time the job's other records,
+    throughput, drops and plugin stats, before verdicts; verdicts by window start and
+    key), let go as far as every key stage's progress mark (:meth:`KeyStage.mark`)
+    allows, so the order, and with it the events, does not depend on which key stage
+    answered first. A verdict's time is its window's end, a record's its timestamp.
+
+    A source may say it is idle (its input read to the end, no group open): it holds
+    nothing back until it marks again. When every source is idle, all that is held goes.
 
     A verdict ending at or before what was already let go (a key stage broke its mark:
-    a forwarder lagging more than ``max_lateness_windows``, a communicator back from a
-    long silence) goes out with the next release, in arrival order, and is counted in
-    ``late``.
+    a forwarder lagging more than ``max_lateness_windows``, a key stage that joined
+    late) goes out with the next release, in arrival order, and is counted in ``late``.
 
     >>> m = VerdictMerge(["a", "b"])
     >>> def v(end, comm):
@@ -792,37 +843,82 @@ class VerdictMerge:
     [(2, 'c2')]
     """
 
-    def __init__(self, sources: Any):
-        self._marks: dict[Any, int] = dict.fromkeys(sources, -(1 << 62))
+    def __init__(self, sources: Any = ()):
+        self._marks: dict[Any, int] = dict.fromkeys(sources, NEVER)
+        self._idle: set[Any] = set()
         self._heap: list[tuple] = []
         self._seq = 0
-        self._late: list[KeyVerdict] = []
-        self.released_upto = -(1 << 62)
+        self._late: list[Any] = []
+        self.released_upto = NEVER
         self.late = 0
 
-    def add(self, v: KeyVerdict) -> None:
-        if v.end_ns <= self.released_upto:
-            self._late.append(v)
-            self.late += 1
+    def __len__(self) -> int:
+        return len(self._heap) + len(self._late)
+
+    def add(self, item: Any) -> None:
+        """A verdict, or a throughput, drop or plugin_stats record of the job."""
+        if item.KIND == KeyVerdict.KIND:
+            entry: tuple = (item.end_ns, item.start_ns, item.job, item.key)
+        else:
+            entry = (item.ts_ns, NEVER, item.job, ())
+        if entry[0] <= self.released_upto:
+            self._late.append(item)
+            self.late += item.KIND == KeyVerdict.KIND
             return
         self._seq += 1
-        heapq.heappush(self._heap, (v.end_ns, v.start_ns, v.job, v.key, self._seq, v))
+        heapq.heappush(self._heap, (*entry, self._seq, item))
 
-    def mark(self, source: Any, upto_ns: int) -> None:
-        """``source`` has sent every verdict ending at or before ``upto_ns``."""
-        if upto_ns > self._marks[source]:
+    def mark(self, source: Any, upto_ns: int | None) -> None:
+        """``source`` has sent every verdict ending at or before ``upto_ns`` (None: it is
+        idle, and what it sends next ends after what the others let go by then)."""
+        if upto_ns is None:
+            self._idle.add(source)
+            return
+        self._idle.discard(source)
+        if upto_ns > self._marks.get(source, NEVER - 1):
             self._marks[source] = upto_ns
 
-    def release(self, *, flush: bool = False) -> list[KeyVerdict]:
+    def release(self, *, flush: bool = False) -> list[Any]:
         """What may go now, in order (``flush``: everything, at the end of input)."""
         out, self._late = self._late, []
-        bound = float("inf") if flush else min(self._marks.values())
+        marks = [t for s, t in self._marks.items() if s not in self._idle]
+        bound: float = float("inf") if flush or not marks else min(marks)
         heap = self._heap
         while heap and heap[0][0] <= bound:
             out.append(heapq.heappop(heap)[-1])
-        if not flush and bound > self.released_upto:
-            self.released_upto = int(bound)
+        if not flush and self._marks:
+            upto = bound if marks else max((record_end(x) for x in out), default=NEVER)
+            if upto > self.released_upto:
+                self.released_upto = int(upto)
         return out
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-ready: the marks, and what is held (verdicts in their wire format)."""
+        held = [e[-1] for e in sorted(self._heap)] + self._late
+        return {
+            "marks": [[s, t, s in self._idle] for s, t in self._marks.items()],
+            "released_upto": self.released_upto,
+            "late": self.late,
+            "held": [
+                encode_verdict(x).decode() if x.KIND == KeyVerdict.KIND else to_dict(x) for x in held
+            ],
+        }
+
+    @classmethod
+    def from_state(cls, st: dict[str, Any]) -> VerdictMerge:
+        obj = cls()
+        obj._marks = {s: t for s, t, _ in st["marks"]}
+        obj._idle = {s for s, _, idle in st["marks"] if idle}
+        obj.late = st["late"]
+        for x in st["held"]:
+            obj.add(decode_verdict(x.encode()) if isinstance(x, str) else from_json(x))
+        obj.released_upto = st["released_upto"]  # after: held items go in order, not late
+        return obj
+
+
+def record_end(x: Any) -> int:
+    """The time a job stage input stands for in :class:`VerdictMerge`."""
+    return x.end_ns if x.KIND == KeyVerdict.KIND else x.ts_ns
 
 
 def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
@@ -871,6 +967,42 @@ def encode_verdict(v: KeyVerdict) -> bytes:
     ValueError: key verdict format version 2: this build reads version 1
     """
     return _encoder.encode((VERDICT_VERSION, v))
+
+
+@dataclass(slots=True)
+class VerdictMark:
+    """A key stage's progress, for every job stage: every verdict it will still send
+    ends after ``upto_ns`` (:meth:`KeyStage.mark`); None: it is idle
+    (:meth:`KeyStage.caught_up_mark`). ``source`` names the key stage (its windows
+    partition)."""
+
+    KIND: ClassVar[str] = "verdict_mark"
+
+    source: int
+    upto_ns: int | None
+
+
+_MARK_PREFIX = b'[%d,"mark",' % VERDICT_VERSION
+_mark = msgspec.json.Decoder(tuple[int, str, VerdictMark])
+
+
+def encode_mark(m: VerdictMark) -> bytes:
+    """A mark as JSON, ``[VERDICT_VERSION, "mark", {...}]``: it travels with the verdicts.
+
+    >>> decode_stage_line(encode_mark(VerdictMark(3, 10)))
+    VerdictMark(source=3, upto_ns=10)
+    """
+    return _encoder.encode((VERDICT_VERSION, "mark", m))
+
+
+def decode_stage_line(data: bytes) -> KeyVerdict | VerdictMark:
+    """A line of the verdicts topic: a verdict or a mark; ValueError otherwise."""
+    if data.startswith(_MARK_PREFIX):
+        try:
+            return _mark.decode(data)[2]
+        except msgspec.DecodeError as e:
+            raise ValueError(f"malformed verdict mark: {e}") from None
+    return decode_verdict(data)
 
 
 def decode_verdict(data: bytes) -> KeyVerdict:

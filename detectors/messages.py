@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ncclwatch.detectors.keys import KeyVerdict, VerdictMark, decode_stage_line
 from ncclwatch.ingest.parse import parse
 
 from ncclwatch.records import (
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 # Which record kinds each input may carry; anything else breaks the contract of the topic.
 DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats)
 TELEMETRY_KINDS = (DropRecord, PluginStats)
+STAGE_KINDS = (KeyVerdict, VerdictMark)  # the verdicts topic, between the two stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,9 @@ def dead_letter(msg: Message, stage: str, reason: str, detail: str, raw_line: by
     )
 
 
-def decode_message(msg: Message, allowed: tuple[type, ...], *, line: bytes | None = None) -> Any:
+def decode_message(
+    msg: Message, allowed: tuple[type, ...], *, line: bytes | None = None, key_of: Any = None
+) -> Any:
     """The message's record (or that of ``line`` of it), or a :class:`Quarantined` saying
     why it is not usable here.
 
@@ -78,25 +82,37 @@ def decode_message(msg: Message, allowed: tuple[type, ...], *, line: bytes | Non
 
     A good line comes back as the fast parser's struct (``ingest.parse``: the record
     dataclass's fields, validated alike), which the detectors take as they take the
-    dataclass; building the frozen dataclass would cost twice the parse.
+    dataclass; building the frozen dataclass would cost twice the parse. On the verdicts
+    topic (``allowed`` is ``STAGE_KINDS``) lines are verdicts and marks.
+
+    ``key_of(record)`` is the key the record's message must have (default: its job;
+    the key stage's windows: ``<job>|<comm>``).
     """
     raw = msg.value if line is None else line
     if raw is None:
         return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
-    rec = parse(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
+    if allowed is STAGE_KINDS:
+        try:
+            rec = decode_stage_line(raw)
+        except ValueError as e:
+            return dead_letter(msg, "parse", "schema", str(e), raw)
+    else:
+        rec = parse(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
     if type(rec) is Quarantined:
         return rec
     if not any(rec.KIND == c.KIND for c in allowed):
         kinds = ", ".join(sorted(c.KIND for c in allowed))
         detail = f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})"
         return dead_letter(msg, "schema", "schema", detail, raw)
-    if msg.key is not None and msg.key != rec.job.encode("utf-8"):
-        return dead_letter(
-            msg,
-            "schema",
-            "schema",
-            f"message key {msg.key[:200]!r} is not the record's job {rec.job!r}: "
-            "the job would be split across partitions",
-            raw,
-        )
+    if msg.key is not None:
+        want = rec.job if key_of is None else key_of(rec)
+        if msg.key != want.encode("utf-8"):
+            return dead_letter(
+                msg,
+                "schema",
+                "schema",
+                f"message key {msg.key[:200]!r} is not the record's {'job' if key_of is None else 'key'} {want!r}: "
+                "its state would be split across partitions",
+                raw,
+            )
     return rec

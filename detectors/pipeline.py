@@ -149,6 +149,7 @@ class Pipeline:
         self._jobs: dict[str, JobState] = {}
         self.records_total: dict[str, int] = {}
         self.late_windows = 0
+        self.duplicate_verdicts = 0
         self.last_end_ns = -1  # largest record time seen, for lag
         # By kind, not type: the worker hands over the fast parser's structs
         # (ingest/parse.py), which carry the record dataclasses' fields and KIND.
@@ -284,8 +285,13 @@ class Pipeline:
         wait; a key is known from its first verdict on.
         """
         job = self._job_of(v.job, v.window_ns)
-        self._seen(job, v.key[0], v.ranks, v.start_ns, v.end_ns)
         view = job.keys.get(v.key)
+        if view is not None and v.end_ns <= view.last_end_ns:
+            # A key's verdicts come in order from one key stage: this one was sent
+            # again (a key stage that crashed after sending, before saving).
+            self.duplicate_verdicts += 1
+            return
+        self._seen(job, v.key[0], v.ranks, v.start_ns, v.end_ns)
         if view is None:
             view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)
         view.apply(v)

@@ -520,7 +520,9 @@ def _to_kafka(
                 continue  # nothing says which topic it belongs to
             else:
                 topic = topic_for(cfg, rec, prefix)
-                key = it.key if it.key is not None else routing.key_for(rec)
+                # windows take the configured key (topics.window_key): republishing a
+                # job-keyed recording for the two-stage topology re-keys them
+                key = it.key if it.key is not None and rec.KIND != "window" else routing.key_for(rec, cfg.topics)
                 if topic not in ensured:
                     ensure_topics(cfg.kafka, cfg.topics, [topic], retention_ms=-1)
                     ensured.add(topic)

@@ -19,6 +19,7 @@ Next to it: :mod:`~ncclwatch.detectors.messages` (decoding Kafka messages),
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclwatch.detectors.keys import NEVER, KeyStage, VerdictMark, VerdictMerge, record_end
 from ncclwatch.detectors.messages import (
     DETECTOR_KINDS,
     Message,
@@ -121,6 +123,10 @@ class JobDetectors:
         Stream-time interval between ``advance`` calls.
     partitions
         Partitions of the job-keyed topics (``topics.partitions``): the default grouping.
+    staged
+        The job stage alone (``worker --stage jobs``): the records are key verdicts,
+        their progress marks, throughput and telemetry, put in order per job by a
+        :class:`~ncclwatch.detectors.keys.VerdictMerge` instead of held instants.
     """
 
     def __init__(
@@ -131,6 +137,7 @@ class JobDetectors:
         pipeline_cls: Any = None,
         tick_s: float = 1.0,
         partitions: int = 1,
+        staged: bool = False,
     ):
         if pipeline_cls is None:
             from ncclwatch.detectors.pipeline import Pipeline as pipeline_cls
@@ -147,6 +154,14 @@ class JobDetectors:
         self._held_t: dict[str, int] = {}
         self._observer: Any = None
         self.evicted: list[str] = []  # jobs advance forgot; the worker drains this list
+        # The job stage of the two-stage topology: every record of a job goes through
+        # its VerdictMerge, which lets verdicts and records go in one order as far as
+        # the key stages' marks allow.
+        self.staged = staged
+        self.merges: dict[str, VerdictMerge] = {}
+        self.sources = range(partitions)  # the windows partitions: every key stage
+        self.marked: list[str] = []  # jobs a mark let records go for (to save)
+        self._releasing: set[str] = set()
 
     # -- the Pipeline look-alike for metrics --------------------------------------------
 
@@ -200,6 +215,8 @@ class JobDetectors:
                 group = job_partition(job, self.partitions)
         self.group_of[job] = group
         self.pipeline(job)  # the job exists from its first record on, held or not
+        if self.staged:
+            return self._merged(record, job, group)
         t = record_time_ns(record) if t_ns is None else t_ns
         events: list[AnomalyEvent] = []
         held_t = self._held_t.get(job)
@@ -212,11 +229,59 @@ class JobDetectors:
             self._held_t[job] = t
         else:  # later than its instant: nothing to wait for
             events += self.pipeline(job).process(record)
+        self._clock(group, t, events)
+        return events
+
+    def _clock(self, group: int, t: int, events: list[AnomalyEvent]) -> None:
         if t > self.stream_ns.get(group, -1):
             self.stream_ns[group] = t
             if t >= self._next_tick_ns.get(group, -1):
                 self._next_tick_ns[group] = t - t % self.tick_ns + self.tick_ns
                 events += self.advance(t, group)
+
+    def late_verdicts(self) -> int:
+        """Verdicts that came after their time was let go (staged), of the jobs held now."""
+        return sum(m.late for m in self.merges.values())
+
+    def mark(self, m: VerdictMark, group: int | None = None) -> list[AnomalyEvent]:
+        """A key stage's progress (staged), for the jobs of ``group`` (default: all);
+        the jobs it let records go for are added to ``marked``.
+
+        A key stage sends its marks to every partition of the verdicts topic, each
+        after the verdicts it sent there before: a mark read on one partition says
+        nothing of verdicts on another, still unread, so it counts for that
+        partition's jobs only.
+        """
+        released = []
+        for job in sorted(self.merges):
+            if group is not None and self.group_of.get(job) != group:
+                continue
+            merge = self.merges[job]
+            merge.mark(m.source, m.upto_ns)
+            if items := merge.release():
+                released.append(items)
+                self.marked.append(job)
+        # In time order across the jobs: a job's records must reach its pipeline before
+        # the stream time of its group passes them, or its ranks would look silent.
+        events: list[AnomalyEvent] = []
+        self._releasing = {items[0].job for items in released}  # not forgotten meanwhile
+        for r in heapq.merge(*released, key=record_end):
+            job = r.job
+            events += self.pipelines[job].process(r)
+            self._clock(self.group_of[job], record_time_ns(r), events)
+        self._releasing = set()
+        return events
+
+    def _merged(self, record: Any, job: str, group: int) -> list[AnomalyEvent]:
+        m = self.merges.get(job)
+        if m is None:
+            m = self.merges[job] = VerdictMerge(self.sources)
+        m.add(record)
+        events: list[AnomalyEvent] = []
+        p = self.pipelines[job]
+        for r in m.release():  # a late one, or all key stages idle
+            events += p.process(r)
+            self._clock(group, record_time_ns(r), events)
         return events
 
     def _release(self, job: str) -> list[AnomalyEvent]:
@@ -240,8 +305,9 @@ class JobDetectors:
             if p is None:
                 continue
             events += p.advance(now_ns)
-            if not p.jobs() and job not in self._held:
+            if not p.jobs() and job not in self._held and not self.merges.get(job) and job not in self._releasing:
                 del self.pipelines[job]
+                self.merges.pop(job, None)
                 self.group_of.pop(job, None)
                 self.evicted.append(job)
         return events
@@ -249,16 +315,22 @@ class JobDetectors:
     def flush(self) -> list[AnomalyEvent]:
         """End of input: held instants go, every pipeline closes its incomplete groups."""
         events = [ev for job in sorted(self._held) for ev in self._release(job)]
+        for job in sorted(self.merges):
+            p = self.pipeline(job)
+            events += [ev for r in self.merges[job].release(flush=True) for ev in p.process(r)]
         return events + [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].flush()]
 
     # -- state --------------------------------------------------------------------------
 
     def job_state(self, job: str) -> dict:
         """A job's pipeline state and the records of its held instant (as JSON)."""
-        return {
+        state = {
             "pipeline": self.pipeline(job).to_state(),
             "held": [to_dict(r) for r in self._held.get(job, [])],
         }
+        if job in self.merges:
+            state["merge"] = self.merges[job].to_state()
+        return state
 
     def restore_job(self, job: str, state: dict) -> None:
         p = self.pipeline_cls.from_state(self.cfg, state["pipeline"], model=self.model)
@@ -270,6 +342,10 @@ class JobDetectors:
         else:
             self._held.pop(job, None)
             self._held_t.pop(job, None)
+        if "merge" in state:
+            self.merges[job] = VerdictMerge.from_state(state["merge"])
+        else:
+            self.merges.pop(job, None)
         p.observer = self._observer
         if self._observer is not None and hasattr(self._observer, "bind"):
             self._observer.bind(self)  # re-marks the restored job's open anomalies
@@ -278,12 +354,14 @@ class JobDetectors:
         """Drop cached pipelines (all, or one job's): they are reloaded from saved state."""
         if job is None:
             self.pipelines.clear()
+            self.merges.clear()
             self._held.clear()
             self._held_t.clear()
             self.stream_ns.clear()
             self._next_tick_ns.clear()
         else:
             self.pipelines.pop(job, None)
+            self.merges.pop(job, None)
             self._held.pop(job, None)
             self._held_t.pop(job, None)
 
@@ -302,6 +380,109 @@ class JobDetectors:
         self.stream_ns = {int(g): t for g, t in state.get("stream_ns", {}).items()}
         self._next_tick_ns = dict(self.stream_ns)
         self.group_of = dict(state.get("group_of", {}))
+
+
+class KeyDetectors:
+    """The key stage for :class:`StreamCore` (``worker --stage keys``): windows in,
+    :class:`~ncclwatch.detectors.keys.KeyVerdict` s and
+    :class:`~ncclwatch.detectors.keys.VerdictMark` s out, for the job stage
+    (:class:`JobDetectors` with ``staged``) behind the verdicts topic.
+
+    Windows come keyed ``<job>|<comm>`` (``topics.window_key = "comm"``), so a
+    communicator's windows are in one partition, and the unit of state is the
+    communicator (:func:`state_key`). Each windows partition is a key stage of its own
+    (a :class:`~ncclwatch.detectors.keys.KeyStage`, marking the jobs it holds): its
+    verdicts do not depend on how partitions are spread over workers.
+
+    Each partition's progress goes to the job stages as :meth:`marks`: every job
+    stage waits on every windows partition, so a key worker that lags (or restarts)
+    holds the job stage back instead of making its communicators look silent.
+
+    Communicators silent for ``forget_after_s`` of their partition's stream time are
+    forgotten (``evicted``: their saved state is deleted too).
+    """
+
+    def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0):
+        self.cfg = cfg
+        self.model = model if model is not None else load_model(cfg)
+        self.stages: dict[int, KeyStage] = {}
+        self.pipelines: dict[str, int] = {}  # communicator -> its partition (StreamCore's cache test)
+        self._newest: dict[int, int] = {}  # partition -> newest window end
+        self._next_sweep: dict[int, int] = {}
+        self._forget_ns = int(forget_after_s * 1e9)
+        self.evicted: list[str] = []
+        self.observer: Any = None
+
+    @staticmethod
+    def state_key(w: Any) -> str:
+        """The unit of state: a window's communicator, as its message key names it."""
+        return f"{w.job}|{w.comm}"
+
+    def _stage(self, partition: int) -> KeyStage:
+        stage = self.stages.get(partition)
+        if stage is None:
+            stage = self.stages[partition] = KeyStage(self.cfg, model=self.model)
+        return stage
+
+    def process(self, w: Any, partition: int = 0, t_ns: int | None = None) -> list[Any]:
+        stage = self._stage(partition)
+        self.pipelines[self.state_key(w)] = partition
+        out: list[Any] = stage.process(w)
+        if w.end_ns > self._newest.get(partition, -1):
+            self._newest[partition] = w.end_ns
+            if w.end_ns >= self._next_sweep.get(partition, -1):
+                self._next_sweep[partition] = w.end_ns + self._forget_ns // 60
+                self._sweep(partition, stage, w.end_ns - self._forget_ns)
+        return out
+
+    def _sweep(self, partition: int, stage: KeyStage, before_ns: int) -> None:
+        for job, comm in stage.comms():
+            if stage.clock(job, comm).watermark < before_ns:
+                stage.forget_comm(job, comm)
+                self.pipelines.pop(f"{job}|{comm}", None)
+                self.evicted.append(f"{job}|{comm}")
+
+    def marks(self, partitions: dict[int, bool]) -> list[VerdictMark]:
+        """The progress marks of ``partitions`` (partition -> read to the end?)."""
+        out = []
+        for p, caught_up in sorted(partitions.items()):
+            stage = self.stages.get(p)
+            if stage is None:
+                out.append(VerdictMark(p, None if caught_up else NEVER))
+            else:
+                out.append(VerdictMark(p, stage.caught_up_mark() if caught_up else stage.mark()))
+        return out
+
+    def flush(self) -> list[Any]:
+        """End of input: every open group closes (for tests and replays, not the worker)."""
+        return [v for p in sorted(self.stages) for v in self.stages[p].flush()]
+
+    def key_count(self) -> int:
+        return sum(s.key_count() for s in self.stages.values())
+
+    def job_state(self, key: str) -> dict:
+        partition = self.pipelines[key]
+        job, comm = key.rsplit("|", 1)
+        return {"partition": partition, "comm": self._stage(partition).comm_state(job, comm)}
+
+    def restore_job(self, key: str, state: dict) -> None:
+        partition = state["partition"]
+        job, comm = key.rsplit("|", 1)
+        if state["comm"] is not None:
+            self._stage(partition).restore_comm(job, comm, state["comm"])
+        self.pipelines[key] = partition
+
+    def forget(self, key: str | None = None) -> None:
+        if key is None:
+            self.stages.clear()
+            self.pipelines.clear()
+            self._newest.clear()
+            self._next_sweep.clear()
+            return
+        partition = self.pipelines.pop(key, None)
+        if partition is not None:
+            job, comm = key.rsplit("|", 1)
+            self._stage(partition).forget_comm(job, comm)
 
 
 # --- the one line per anomaly ------------------------------------------------------------
@@ -381,6 +562,10 @@ class TimeMerge:
             self._moved[tp] = self.clock()
         self._behind[tp] = behind
         self._changed = True
+
+    def holds(self, tp: Any) -> bool:
+        """Whether records of ``tp`` wait here."""
+        return bool(self._queues.get(tp))
 
     def progress(self, tp: Any, behind: bool) -> None:
         """Whether ``tp`` has unread messages on the broker (after what was added)."""
@@ -482,6 +667,14 @@ class StreamCore:
         ``job -> saved state or None`` (the Faust table's ``get``).
     merge
         The time merge (default: :class:`TimeMerge` with its defaults).
+    state_key
+        A record's unit of state (default: its job; the key stage's
+        :meth:`KeyDetectors.state_key`: its communicator).
+    merge_group
+        A partition's time-merge group (default: the partition, the co-partitioned
+        inputs of one number). The key stage merges all its partitions as one group, so
+        one worker reads its partitions abreast and no partition's jobs reach the job
+        stage long after the others' (a partition read late has late verdicts).
     """
 
     LINE_BITS = 20  # records per message < 2**20: a Kafka message is at most ~1 MB
@@ -491,10 +684,16 @@ class StreamCore:
         detectors: JobDetectors,
         load_state: Callable[[str], dict | None],
         merge: TimeMerge | None = None,
+        *,
+        state_key: Callable[[Any], str] | None = None,
+        merge_group: Callable[[int], int] | None = None,
     ):
         self.detectors = detectors
         self.load_state = load_state
         self.merge = merge or TimeMerge()
+        self.state_key = state_key or (lambda r: r.job)
+        self._key_of = state_key  # what message keys must be (None: the job)
+        self.merge_group = merge_group or (lambda partition: partition)
         self.positions: dict[str, dict[str, int]] = {}
         self.partition_of: dict[str, int] = {}
         self._remaining: dict[tuple[str, int, int], int] = {}  # message -> records held
@@ -532,22 +731,24 @@ class StreamCore:
         messages on the broker.
         """
         kinds = kinds or {}
+        key_of = self._key_of
         out = BatchOutcome()
         merge_add = self.merge.add
         for msg in messages:
             allowed = kinds.get(msg.topic, DETECTOR_KINDS)
             lines: list[bytes | None] = [None] if msg.value is None else message_lines(msg.value)
             tp = (msg.topic, msg.partition)
+            group = self.merge_group(msg.partition)
             where = f"{msg.topic}/{msg.partition}"
             held = 0
             for i, line in enumerate(lines):
-                rec = decode_message(msg, allowed, line=line)
+                rec = decode_message(msg, allowed, line=line, key_of=key_of)
                 if isinstance(rec, Quarantined):
                     out.dead_letters.append((msg, rec))
                 else:
                     t = record_time_ns(rec)
                     rank = KIND_ORDER.get(rec.KIND, 3)
-                    merge_add(tp, msg.partition, t, (msg, i, rec, t, where), rank)
+                    merge_add(tp, group, t, (msg, i, rec, t, where), rank)
                     held += 1
             if held:
                 self._remaining[(msg.topic, msg.partition, msg.offset)] = held
@@ -559,6 +760,7 @@ class StreamCore:
         remaining = self._remaining
         process = self.detectors.process
         pipelines = self.detectors.pipelines
+        state_key = self.state_key
         max_t = out.max_record_time_ns
         for msg, i, rec, t, where in self.merge.release():
             key = (msg.topic, msg.partition, msg.offset)
@@ -568,7 +770,17 @@ class StreamCore:
             else:
                 remaining.pop(key, None)
                 out.done.append(msg)
-            job = rec.job
+            if rec.KIND == VerdictMark.KIND:
+                # progress, not state: a mark is superseded by the next (sent twice a
+                # second), so nothing is saved for it but the jobs it let go
+                events = self.detectors.mark(rec, msg.partition)
+                out.events += events
+                touched.update(self.detectors.marked)
+                self.detectors.marked.clear()
+                touched.update(ev.job for ev in events)
+                out.records += 1
+                continue
+            job = state_key(rec)
             positions = self.positions.get(job)
             if positions is None or job not in pipelines:
                 positions = self._ensure(job)
@@ -583,7 +795,7 @@ class StreamCore:
             if events:
                 out.events += events
                 # advance() can change other jobs too: those that emitted are saved
-                touched.update(ev.job for ev in events)
+                touched.update(ev.job for ev in events if ev.KIND == "anomaly")
             out.records += 1
             if t > max_t:
                 max_t = t

@@ -360,7 +360,7 @@ class Forwarder:
         wt = topic_for(self.topics, "window")
         k = self.opts.windows_per_message
         for s in closed:
-            key, value = key_for(s), to_json(s).encode()
+            key, value = key_for(s, self.topics), to_json(s).encode()
             if k > 1 and out:
                 topic, last_key, last = out[-1]
                 if topic == wt and last_key == key and last.count(b"\n") + 1 < k:

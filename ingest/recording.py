@@ -92,6 +92,10 @@ def record_time_ns(record: Any) -> int:
         return record.end_ns
     if kind == "anomaly":
         return record.detected_ns
+    if kind == "key_verdict":
+        return record.end_ns
+    if kind == "verdict_mark":
+        return record.upto_ns if record.upto_ns is not None else 0
     return record.ts_ns
 
 

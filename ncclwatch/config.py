@@ -85,7 +85,10 @@ class KafkaConfig:
         return out
 
 
-TOPIC_NAME_FIELDS = ("ops", "telemetry", "windows", "throughput", "anomalies", "quarantine", "dead_letter")
+TOPIC_NAME_FIELDS = (
+    "ops", "telemetry", "windows", "verdicts", "throughput", "anomalies", "quarantine", "dead_letter",
+)
+WINDOW_KEYS = ("job", "comm")
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # what Kafka allows in a topic name
 
 
@@ -102,6 +105,13 @@ class TopicsConfig:
     # them on `ops`, keyed <job>|<host>, and the worker re-keyed them: docs/ingest.md)
     telemetry: str = "nccl.telemetry"
     windows: str = "nccl.windows"
+    # What window messages are keyed by. "job": a job's windows in one partition, for the
+    # one-stage worker (`ncclwatch worker`). "comm": `<job>|<comm>`, spread over every
+    # partition, for the two-stage topology (`worker --stage keys` writing verdicts,
+    # `worker --stage jobs` reading them): one job across many workers (docs/architecture.md).
+    window_key: str = "job"
+    # the key stage's verdicts and progress marks, keyed by job (window_key "comm" only)
+    verdicts: str = "nccl.verdicts"
     throughput: str = "job.throughput"
     anomalies: str = "nccl.anomalies"
     quarantine: str = "ncclwatch.quarantine"
@@ -117,6 +127,8 @@ class TopicsConfig:
     def __post_init__(self) -> None:
         if not _TOPIC_CHARS.match(self.prefix):
             raise ValueError(f"topics.prefix may hold only letters, digits, '.', '_' and '-', got {self.prefix!r}")
+        if self.window_key not in WINDOW_KEYS:
+            raise ValueError(f"topics.window_key must be one of {', '.join(WINDOW_KEYS)}, got {self.window_key!r}")
         for name in TOPIC_NAME_FIELDS:
             value = getattr(self, name)
             if not value.startswith(self.prefix):

@@ -9,7 +9,11 @@ recording through them, and the worker's partitioning depends on them (docs/inge
 - windows, throughput, drops and plugin stats (``topics.telemetry``) and anomalies on
   their own topics, keyed by the job: everything the worker reads lands in the job's
   partition, with no re-keying hop (topic contract v2; v1 put drops and plugin stats on
-  ``topics.ops``, keyed ``<job>|<host>``).
+  ``topics.ops``, keyed ``<job>|<host>``);
+- except windows when ``topics.window_key`` is ``"comm"`` (topic contract v3, the
+  two-stage topology): keyed ``<job>|<comm>`` like ops, so a job's communicators spread
+  over the partitions and the key-stage workers; the key stage's verdicts and progress
+  marks then go on ``topics.verdicts``, keyed by job.
 
 >>> from ncclwatch.config import TopicsConfig
 >>> from ncclwatch.records import ThroughputRecord
@@ -48,9 +52,18 @@ def op_group(job: str, comm: str) -> str:
     return f"{job}|{comm}"
 
 
-def key_for(record: Any) -> bytes:
-    """The message key of a record (not of a quarantined line: its key is its source)."""
+def key_for(record: Any, topics: TopicsConfig | None = None) -> bytes:
+    """The message key of a record (not of a quarantined line: its key is its source).
+
+    Windows are keyed ``<job>|<comm>`` when ``topics.window_key`` is ``"comm"`` (the
+    two-stage topology spreads a job's communicators over the partitions), else by job.
+
+    >>> from ncclwatch.config import TopicsConfig
+    >>> class W: KIND, job, comm = "window", "llm", "0xab"
+    >>> key_for(W()), key_for(W(), TopicsConfig(window_key="comm"))
+    (b'llm', b'llm|0xab')
+    """
     kind = record.KIND
-    if kind == "op":
+    if kind == "op" or (kind == "window" and topics is not None and topics.window_key == "comm"):
         return op_group(record.job, record.comm).encode()
     return record.job.encode()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ncclwatch.detectors.stream import JobDetectors
+from ncclwatch.detectors.stream import JobDetectors, KeyDetectors, job_partition
 from ncclwatch.ingest.recording import order_key, record_time_ns
 from ncclwatch_testkit import services as testing
 from ncclwatch_testkit.synth import op_record
@@ -134,11 +134,12 @@ def publish(env: dict[str, str], records: list, extra: list[tuple[str, bytes | N
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=env["NCCLWATCH_KAFKA_BOOTSTRAP_SERVERS"], acks="all", linger_ms=5)
+    topics = config_of(env).topics
     try:
         for rec in records:
             producer.send(
-                topic_for(env, rec),
-                key=routing.key_for(rec),  # as the forwarder keys them
+                routing.topic_for(topics, rec.KIND),
+                key=routing.key_for(rec, topics),  # as the forwarder keys them
                 value=to_json(rec).encode(),
                 timestamp_ms=record_time_ns(rec) // 10**6,
             )
@@ -236,7 +237,13 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         self.starts += 1
-        self.log_path = self.log_dir / f"worker-{self.app_id}-{self.starts}.log"
+        # several workers of one app (one consumer group) each have a log of their own
+        name = f"worker-{self.app_id}-{self.starts}"
+        self.log_path = self.log_dir / f"{name}.log"
+        n = 1
+        while self.log_path.exists():
+            n += 1
+            self.log_path = self.log_dir / f"{name}-{n}.log"
         self.log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop/kill)
         self.proc = subprocess.Popen(
             [
@@ -294,6 +301,28 @@ def reference_events(cfg_env: dict[str, str], records: list) -> list:
     events = []
     for rec in sorted(records, key=order_key):
         events += det.process(rec)
+    return events
+
+
+def staged_reference_events(cfg_env: dict[str, str], records: list) -> list:
+    """What the two stages give for these records in one process: each windows
+    partition's key stage, marking its progress after each window, and the job stage."""
+    cfg = config_of(cfg_env)
+    n = cfg.topics.partitions
+    keys = KeyDetectors(cfg.detector)
+    jobs = JobDetectors(cfg.detector, partitions=n, staged=True)
+    events = []
+    for rec in records:  # each partition reads its windows in the order published
+        if rec.KIND == "window":
+            p = job_partition(KeyDetectors.state_key(rec), n)
+            for x in keys.process(rec, p):
+                events += jobs.process(x)
+            for m in keys.marks({p: False}):
+                events += jobs.mark(m)
+        elif rec.KIND != "op":
+            events += jobs.process(rec)
+    for m in keys.marks(dict.fromkeys(range(n), True)):  # every partition read to the end
+        events += jobs.mark(m)
     return events
 
 
