@@ -426,10 +426,17 @@ class Worker:
         for tp in consumer.assignment():
             if tp.topic not in self.inputs:
                 continue
-            end = highwater(consumer, tp)
+            end = self._end(consumer, tp)
             read = max(self._read_upto.get(tp, 0), self.commits.get(tp))
             if end is not None and end <= read:
                 self.core.merge.progress((tp.topic, tp.partition), False)
+
+    def _end(self, consumer: Any, tp: Any) -> int | None:
+        """The end offset of ``tp``: the consumer knows it once it fetched from it; the
+        key stage looks its windows' up besides (a partition it never fetched from,
+        empty or read to the end by its previous owner, is idle only if known read)."""
+        end = highwater(consumer, tp)
+        return self.commits.end(tp) if end is None else end
 
     def _behind(self, events: list) -> dict[tuple[str, int], bool]:
         """Per input partition in the batch: are there messages on the broker after it?"""
@@ -463,9 +470,7 @@ class Worker:
         caught_up = {}
         for tp in consumer.assignment():
             if tp.topic == self.names["windows"]:
-                end = highwater(consumer, tp)
-                if end is None:
-                    end = self.commits.end(tp)
+                end = self._end(consumer, tp)
                 read = max(self._read_upto.get(tp, 0), self.commits.get(tp))
                 done = end is not None and end <= read
                 quiet = now - self._last_read.setdefault(tp, now) > IDLE_AFTER_S

@@ -874,9 +874,10 @@ class VerdictMerge:
         if upto_ns is None:
             self._idle.add(source)
             return
-        self._idle.discard(source)
         if upto_ns > self._marks.get(source, NEVER - 1):
             self._marks[source] = upto_ns
+        if upto_ns > NEVER:  # "nothing known yet" (a new owner) does not end idleness
+            self._idle.discard(source)
 
     def release(self, *, flush: bool = False) -> list[Any]:
         """What may go now, in order (``flush``: everything, at the end of input)."""

@@ -2,9 +2,9 @@
 by communicator, ``topics.window_key = "comm"``, to verdicts) and ``worker --stage jobs``
 (verdicts, throughput, telemetry to anomalies) in separate processes.
 
-Not shown yet: several key workers in one group. Two of them gave the job stage no
-events after their rebalance (it waited on a partition's progress mark that never
-came); docs/architecture.md says where that stands."""
+Not shown yet: several key workers in one group. With two, the job stage lets only
+part of the input go after their rebalance (it waits on some partition's progress
+mark); docs/architecture.md says where that stands."""
 
 from __future__ import annotations
 

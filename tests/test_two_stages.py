@@ -5,7 +5,7 @@ over key stages, and they are the incidents one process running both finds."""
 from __future__ import annotations
 
 import pytest
-from ncclwatch.detectors.keys import KeyStage, VerdictMerge, decode_verdict, encode_verdict
+from ncclwatch.detectors.keys import KeyStage, KeyVerdict, VerdictMerge, decode_verdict, encode_verdict
 from ncclwatch.detectors.pipeline import detect_all
 from ncclwatch_testkit import scenarios, stages
 
@@ -160,3 +160,46 @@ def test_a_job_stage_fed_verdicts_saved_and_restored_goes_on_as_if_never_stopped
         events += [e for r in inputs[cut:] for e in p.process(r)]
         events += p.flush()
         assert events == whole, cut
+
+
+def _verdict(job: str, end: int) -> KeyVerdict:
+    return KeyVerdict(job=job, key=("0x1", "AllReduce", "64MiB", "net"), comm_name="", window_ns=1,
+                      ranks=[], start_ns=end - 1, end_ns=end, observed=1.0, baseline=None, effect=0.0,
+                      degraded=False, drift=False, was_firing=False, transition=None,
+                      spread_transition=None, spread_effect=0.0, exec_ns_p50=1, host=None, warm=False,
+                      baseline_after=None, closed_before=end, rule=(False, 0, None, None),
+                      spread_rule=(False, 0, None, None))
+
+
+def test_an_idle_key_stage_holds_nothing_back_until_it_marks_again():
+    from ncclwatch.detectors.keys import NEVER
+
+    m = VerdictMerge(["x", "y"])
+    m.add(_verdict("j", 5))
+    m.mark("x", 10)
+    assert m.release() == []  # y has said nothing
+    m.mark("y", None)
+    assert [v.end_ns for v in m.release()] == [5]
+    m.mark("y", NEVER)  # a new owner that knows nothing yet: still idle
+    m.add(_verdict("j", 8))
+    assert [v.end_ns for v in m.release()] == [8]
+    m.mark("y", 12)  # busy again: it bounds again
+    m.add(_verdict("j", 11))
+    m.mark("x", 20)
+    assert [v.end_ns for v in m.release()] == [11]
+    m.add(_verdict("j", 15))
+    assert m.release() == []
+
+
+def test_a_mark_counts_for_the_jobs_of_the_verdicts_partition_it_was_read_on():
+    # marks go to every verdicts partition after the verdicts sent there: one read on
+    # partition 1 says nothing of verdicts still unread on partition 0
+    from ncclwatch.detectors.keys import VerdictMark
+    from ncclwatch.detectors.stream import JobDetectors
+
+    jd = JobDetectors(CFG, partitions=1, staged=True)
+    jd.process(_verdict("a", 5), 0)
+    jd.process(_verdict("b", 5), 1)
+    jd.mark(VerdictMark(0, 10), 1)
+    assert (len(jd.merges["a"]), len(jd.merges["b"])) == (1, 0)
+    assert jd.marked == ["b"]
