@@ -76,6 +76,7 @@ INSPECTOR_LATENESS_S = 10.0
 # throughput. A step's throughput and the window ending at the same instant are both
 # "now"; the window first means a throughput drop is judged knowing the NCCL anomaly that
 # the same window may have just confirmed. Every driver orders ties this way.
+MARK_TIME_NS = 1 << 62  # after every record: see record_time_ns
 KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "throughput": 2, "anomaly": 3}
 
 
@@ -95,7 +96,11 @@ def record_time_ns(record: Any) -> int:
     if kind == "key_verdict":
         return record.end_ns
     if kind == "verdict_mark":
-        return record.upto_ns if record.upto_ns is not None else 0
+        # Progress, not an event: the job stage's VerdictMerge orders by marks. In a
+        # time merge a mark must not bound its partition (several key stages' verdicts
+        # interleave there, and marks come twice a second), or it would hold the
+        # throughput and telemetry of the same partition number back without end.
+        return MARK_TIME_NS
     return record.ts_ns
 
 
