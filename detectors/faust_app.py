@@ -14,6 +14,12 @@ partition as its records. The worker does not read ``nccl.ops`` (op records, key
 publishes drops and plugin stats, keyed by job, on ``nccl.telemetry`` (topic contract v2;
 v1 put them on ``nccl.ops`` and the worker re-keyed them through an internal topic).
 
+``--stage keys|jobs`` runs the two detector stages apart (topic contract v3,
+``topics.window_key = "comm"``): key workers read ``nccl.windows`` keyed by
+communicator and send verdicts and progress marks to ``nccl.verdicts``; job workers
+read those with ``job.throughput`` and ``nccl.telemetry``. docs/architecture.md draws
+it, with what is not right yet (several key workers in one group).
+
 State and delivery (docs/replay.md has the longer version): the detect agent takes
 batches (``--batch-size`` messages or ``--batch-within-s`` seconds), processes them,
 publishes the batch's anomaly events and waits for Kafka's acks, then writes each
@@ -250,6 +256,8 @@ class WorkerStats:
     dead_letters: int = 0
     events: int = 0
     batches: int = 0
+    abandoned: int = 0  # batches a rebalance cut through: not saved, read again
+    stale: int = 0  # messages fetched before a rebalance, dropped: read again
 
 
 def highwater(consumer: Any, tp: Any) -> int | None:
@@ -344,6 +352,9 @@ class Worker:
         self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read
         self._last_read: dict[Any, float] = {}  # input partition -> when it last delivered
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
+        self._rebalances = 0  # partitions revoked or assigned, so far
+        self._batch_began = 0  # ... when the current batch began
+        self._settled = False  # partitions assigned, none revoked since
         self._stream: Any = None
         self._lock = asyncio.Lock()
         self.stats = WorkerStats()
@@ -390,10 +401,14 @@ class Worker:
         async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             # Held messages come again from the committed offsets; the jobs may move to
             # another worker and are reloaded from the table when they come back.
+            w._rebalances += 1
+            w._settled = False
             w.reset()
 
         @app.on_partitions_assigned.connect
         async def assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+            w._rebalances += 1
+            w._settled = True
             w.reset()
             # nothing may pass an input partition that has not been read yet
             for tp in assigned:
@@ -452,8 +467,20 @@ class Worker:
     async def detect_batch(self, stream: Any, events: list) -> None:
         """Detect what the time merge lets go, publish, save, then acknowledge."""
         t0 = time.perf_counter()
+        # From a revocation until the tables are recovered nothing is ours: a state read
+        # then may be half recovered, one saved then may land after the new owner
+        # recovered. So a batch waits for that, then drops what was fetched before the
+        # rebalance (Faust tags messages with the generation they were fetched in): the
+        # seek to the committed offsets that ends recovery brings those again.
+        while not self._ready():
+            await asyncio.sleep(0.05)
         async with self._lock:
             self._stream = stream
+            generation = self.app.consumer_generation_id
+            fresh = [e for e in events if e.message.generation_id in (None, generation)]
+            self.stats.stale += len(events) - len(fresh)
+            events = fresh
+            self._batch_began = self._rebalances
             for e in events:
                 m = e.message
                 self._pending[(m.topic, m.partition, m.offset)] = e
@@ -487,17 +514,31 @@ class Worker:
         the key stage's progress marks."""
         if self.sink is not None:
             self._executor.submit(self.sink.tick)
+        self._check_producer()
         self._progress_idle_inputs()
-        if self.stage == "keys" and self._stream is None:
+        if self.stage == "keys" and self._stream is None and self._ready():
             async with self._lock:
                 futures = await self._send_marks()
                 if futures:
                     await asyncio.gather(*futures)
             return
-        if self._stream is None or (not self.core.merge.held and self.stage != "keys"):
+        if self._stream is None or not self._ready() or (not self.core.merge.held and self.stage != "keys"):
             return
         async with self._lock:
+            self._batch_began = self._rebalances
             await self._finish(self.core.handle([], self.kinds))
+
+    def _ready(self) -> bool:
+        """Partitions assigned, none revoked since, and the tables recovered."""
+        return self._settled and not self.app.rebalancing
+
+    def _check_producer(self) -> None:
+        """Stop if Faust's producer died: a send that failed (a changelog value over the
+        broker's message size, say) crashes only its buffer, and every stream then
+        waits on it for ever: a worker that looks alive and has stopped."""
+        buffer = getattr(self.app.producer, "buffer", None)
+        if buffer is not None and buffer.crashed:
+            raise RuntimeError(f"Kafka producer stopped, nothing more can be saved: {buffer.crash_reason!r}")
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
@@ -521,7 +562,15 @@ class Worker:
             futures += await self._send_marks()
         if futures:
             await asyncio.gather(*futures)
-        for job, (partition, state) in out.states.items():
+        states, done = out.states, out.done
+        if self._rebalances != self._batch_began or self.app.rebalancing:
+            # A rebalance while publishing: the new owner of a moved partition may have
+            # recovered the table already, so a state written now could land after its
+            # own and be what the next owner recovers, older than the offsets it was
+            # committed with. Nothing is saved or acknowledged: the batch comes again.
+            self.stats.abandoned += 1
+            return
+        for job, (partition, state) in states.items():
             # Not ``table[job] = state``: that takes the partition from the *current*
             # event, and a batch spans partitions.
             if state is None:  # the job was forgotten: a tombstone, compacted away
@@ -530,7 +579,7 @@ class Worker:
             else:
                 self.table.data[job] = state
                 self.table.send_changelog(partition, job, state)
-        for m in out.done:
+        for m in done:
             event = self._pending.pop((m.topic, m.partition, m.offset), None)
             if event is not None:
                 await self._stream.ack(event)
@@ -810,7 +859,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         print(
             f"ncclwatch worker {w.app_id}: {st.records} records, {st.events} events, "
             f"{st.dead_letters} dead letters, {st.skipped} re-read and skipped, "
-            f"{w.core.merge.forced} let go by the time merge before their time"
+            f"{w.core.merge.forced} let go by the time merge before their time, "
+            f"{st.abandoned} batches cut by a rebalance, {st.stale} messages from before one"
             + (f", {w.core.detectors.late_verdicts()} verdicts late" if stage == "jobs" else ""),
             file=sys.stderr,
             flush=True,

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ncclwatch.config import DetectorConfig
-from ncclwatch.records import WindowSummary, from_json, to_dict
+from ncclwatch.records import WindowSummary
 
 from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
 from .incidents import KeyTuple
@@ -833,10 +833,13 @@ class VerdictMerge:
     ...         spread_transition=None, spread_effect=0.0, exec_ns_p50=1, host=None, warm=False,
     ...         baseline_after=None, closed_before=end, rule=(False, 0, None, None),
     ...         spread_rule=(False, 0, None, None))
-    >>> m.add(v(2, "c2")); m.add(v(1, "c9")); m.mark("a", 2)
+    >>> m.add(v(2, "c2")), m.add(v(1, "c9"))   # True: late
+    (False, False)
+    >>> m.mark("a", 2)
     >>> m.release()                     # b may still send something ending at 1
     []
     >>> m.add(v(1, "c1")); m.mark("b", 1)
+    False
     >>> [(x.end_ns, x.key[0]) for x in m.release()]
     [(1, 'c1'), (1, 'c9')]
     >>> [(x.end_ns, x.key[0]) for x in m.release(flush=True)]
@@ -848,25 +851,35 @@ class VerdictMerge:
         self._idle: set[Any] = set()
         self._heap: list[tuple] = []
         self._seq = 0
-        self._late: list[Any] = []
+        self._late: list[tuple[Any, Any]] = []
         self.released_upto = NEVER
         self.late = 0
+        self.released_tags: list[Any] = []  # tags of what release() let go; the owner drains it
 
     def __len__(self) -> int:
         return len(self._heap) + len(self._late)
 
-    def add(self, item: Any) -> None:
-        """A verdict, or a throughput, drop or plugin_stats record of the job."""
+    def add(self, item: Any, tag: Any = None) -> bool:
+        """A verdict, or a throughput, drop or plugin_stats record of the job; ``tag``
+        (if not None) is put in ``released_tags`` when the item goes (the worker
+        acknowledges an input message once all its records went). True if it is late."""
         if item.KIND == KeyVerdict.KIND:
             entry: tuple = (item.end_ns, item.start_ns, item.job, item.key)
         else:
             entry = (item.ts_ns, NEVER, item.job, ())
         if entry[0] <= self.released_upto:
-            self._late.append(item)
+            self._late.append((item, tag))
             self.late += item.KIND == KeyVerdict.KIND
-            return
+            return True
         self._seq += 1
-        heapq.heappush(self._heap, (*entry, self._seq, item))
+        heapq.heappush(self._heap, (*entry, self._seq, item, tag))
+        return False
+
+    def folded(self, item: Any) -> bool:
+        """Whether ``item``, read before, went already: with :meth:`to_state` saving no
+        held items, an input read again after a restart is either folded in (its time
+        is at or before ``released_upto``) or was held, and is added again."""
+        return record_end(item) <= self.released_upto
 
     def mark(self, source: Any, upto_ns: int | None) -> None:
         """``source`` has sent every verdict ending at or before ``upto_ns`` (None: it is
@@ -881,12 +894,19 @@ class VerdictMerge:
 
     def release(self, *, flush: bool = False) -> list[Any]:
         """What may go now, in order (``flush``: everything, at the end of input)."""
-        out, self._late = self._late, []
+        late, self._late = self._late, []
+        out = [item for item, _ in late]
+        tags = [tag for _, tag in late if tag is not None]
         marks = [t for s, t in self._marks.items() if s not in self._idle]
         bound: float = float("inf") if flush or not marks else min(marks)
         heap = self._heap
         while heap and heap[0][0] <= bound:
-            out.append(heapq.heappop(heap)[-1])
+            entry = heapq.heappop(heap)
+            out.append(entry[-2])
+            if entry[-1] is not None:
+                tags.append(entry[-1])
+        if tags:
+            self.released_tags += tags
         if not flush and self._marks:
             upto = bound if marks else max((record_end(x) for x in out), default=NEVER)
             if upto > self.released_upto:
@@ -894,15 +914,18 @@ class VerdictMerge:
         return out
 
     def to_state(self) -> dict[str, Any]:
-        """JSON-ready: the marks, and what is held (verdicts in their wire format)."""
-        held = [e[-1] for e in sorted(self._heap)] + self._late
+        """JSON-ready: the marks and how far the merge let go, not what it holds.
+
+        Held items are not state: a key stage that lags holds a job's verdicts for as
+        long as it lags, which no single saved value could take (Kafka caps a message
+        at ~1 MB). The worker acknowledges an input message only once all its records
+        went (``released_tags``), so what is held comes again after a restart and
+        :meth:`folded` tells it from what went.
+        """
         return {
             "marks": [[s, t, s in self._idle] for s, t in self._marks.items()],
             "released_upto": self.released_upto,
             "late": self.late,
-            "held": [
-                encode_verdict(x).decode() if x.KIND == KeyVerdict.KIND else to_dict(x) for x in held
-            ],
         }
 
     @classmethod
@@ -911,9 +934,7 @@ class VerdictMerge:
         obj._marks = {s: t for s, t, _ in st["marks"]}
         obj._idle = {s for s, _, idle in st["marks"] if idle}
         obj.late = st["late"]
-        for x in st["held"]:
-            obj.add(decode_verdict(x.encode()) if isinstance(x, str) else from_json(x))
-        obj.released_upto = st["released_upto"]  # after: held items go in order, not late
+        obj.released_upto = st["released_upto"]
         return obj
 
 

@@ -162,6 +162,11 @@ class JobDetectors:
         self.sources = range(partitions)  # the windows partitions: every key stage
         self.marked: list[str] = []  # jobs a mark let records go for (to save)
         self._releasing: set[str] = set()
+        self.late = 0
+        # staged, records wait in the merges beyond the batch that read them: their
+        # messages are acknowledged only once they went (``process``'s ``tag``)
+        self.holds_records = staged
+        self.released_tags: list[Any] = []
 
     # -- the Pipeline look-alike for metrics --------------------------------------------
 
@@ -194,8 +199,11 @@ class JobDetectors:
             p.observer = self._observer
         return p
 
-    def process(self, record: Any, group: int | None = None, t_ns: int | None = None) -> list[AnomalyEvent]:
-        """Detect on one record (``t_ns``: its stream time, if the caller has it).
+    def process(
+        self, record: Any, group: int | None = None, t_ns: int | None = None, tag: Any = None
+    ) -> list[AnomalyEvent]:
+        """Detect on one record (``t_ns``: its stream time, if the caller has it; ``tag``:
+        staged, put in ``released_tags`` once the record went through its job's merge).
 
         ``group`` is the stream-time group (the Kafka partition, in the worker); by
         default the partition the job's key maps to (``partitions``), so a local run
@@ -216,7 +224,7 @@ class JobDetectors:
         self.group_of[job] = group
         self.pipeline(job)  # the job exists from its first record on, held or not
         if self.staged:
-            return self._merged(record, job, group)
+            return self._merged(record, job, group, tag)
         t = record_time_ns(record) if t_ns is None else t_ns
         events: list[AnomalyEvent] = []
         held_t = self._held_t.get(job)
@@ -240,8 +248,9 @@ class JobDetectors:
                 events += self.advance(t, group)
 
     def late_verdicts(self) -> int:
-        """Verdicts that came after their time was let go (staged), of the jobs held now."""
-        return sum(m.late for m in self.merges.values())
+        """Verdicts that came after their time was let go (staged), not counting those a
+        key stage sent again, since this object was made."""
+        return self.late
 
     def mark(self, m: VerdictMark, group: int | None = None) -> list[AnomalyEvent]:
         """A key stage's progress (staged), for the jobs of ``group`` (default: all);
@@ -261,6 +270,7 @@ class JobDetectors:
             if items := merge.release():
                 released.append(items)
                 self.marked.append(job)
+                self._take_tags(merge)
         # In time order across the jobs: a job's records must reach its pipeline before
         # the stream time of its group passes them, or its ranks would look silent.
         events: list[AnomalyEvent] = []
@@ -272,17 +282,33 @@ class JobDetectors:
         self._releasing = set()
         return events
 
-    def _merged(self, record: Any, job: str, group: int) -> list[AnomalyEvent]:
+    def _merged(self, record: Any, job: str, group: int, tag: Any) -> list[AnomalyEvent]:
         m = self.merges.get(job)
         if m is None:
             m = self.merges[job] = VerdictMerge(self.sources)
-        m.add(record)
+        late = m.add(record, tag) and record.KIND == "key_verdict"
         events: list[AnomalyEvent] = []
         p = self.pipelines[job]
+        repeats = p.duplicate_verdicts
         for r in m.release():  # a late one, or all key stages idle
             events += p.process(r)
             self._clock(group, record_time_ns(r), events)
+        self._take_tags(m)
+        if late and p.duplicate_verdicts == repeats:
+            # not one sent again (a key stage that restarted before saving its state)
+            self.late += 1
         return events
+
+    def _take_tags(self, merge: VerdictMerge) -> None:
+        if merge.released_tags:
+            self.released_tags += merge.released_tags
+            merge.released_tags.clear()
+
+    def folded(self, job: str, record: Any) -> bool:
+        """Whether a record of ``job`` read again (after a restart) is in its saved state
+        already; staged, one its merge held is not, and is processed again."""
+        merge = self.merges.get(job) if self.staged else None
+        return merge is None or merge.folded(record)
 
     def _release(self, job: str) -> list[AnomalyEvent]:
         records = self._held.pop(job, [])
@@ -318,6 +344,7 @@ class JobDetectors:
         for job in sorted(self.merges):
             p = self.pipeline(job)
             events += [ev for r in self.merges[job].release(flush=True) for ev in p.process(r)]
+            self._take_tags(self.merges[job])
         return events + [ev for job in sorted(self.pipelines) for ev in self.pipelines[job].flush()]
 
     # -- state --------------------------------------------------------------------------
@@ -353,6 +380,7 @@ class JobDetectors:
     def forget(self, job: str | None = None) -> None:
         """Drop cached pipelines (all, or one job's): they are reloaded from saved state."""
         if job is None:
+            self.released_tags.clear()
             self.pipelines.clear()
             self.merges.clear()
             self._held.clear()
@@ -401,6 +429,8 @@ class KeyDetectors:
     Communicators silent for ``forget_after_s`` of their partition's stream time are
     forgotten (``evicted``: their saved state is deleted too).
     """
+
+    holds_records = False  # a window's group is state: its message is done once read
 
     def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0):
         self.cfg = cfg
@@ -758,18 +788,26 @@ class StreamCore:
             self.merge.progress(tp, b)
         touched: set[str] = set()
         remaining = self._remaining
-        process = self.detectors.process
-        pipelines = self.detectors.pipelines
+        detectors = self.detectors
+        process = detectors.process
+        pipelines = detectors.pipelines
+        holds = detectors.holds_records
         state_key = self.state_key
         max_t = out.max_record_time_ns
-        for msg, i, rec, t, where in self.merge.release():
-            key = (msg.topic, msg.partition, msg.offset)
+
+        def went(key: tuple[str, int, int], msg: Message) -> None:
+            # one record of the message is done with: the message is, once all are
             left = remaining.get(key, 1) - 1
             if left:
                 remaining[key] = left
             else:
                 remaining.pop(key, None)
                 out.done.append(msg)
+
+        for msg, i, rec, t, where in self.merge.release():
+            key = (msg.topic, msg.partition, msg.offset)
+            if not holds or rec.KIND == VerdictMark.KIND:
+                went(key, msg)
             if rec.KIND == VerdictMark.KIND:
                 # progress, not state: a mark is superseded by the next (sent twice a
                 # second), so nothing is saved for it but the jobs it let go
@@ -785,12 +823,14 @@ class StreamCore:
             if positions is None or job not in pipelines:
                 positions = self._ensure(job)
             pos = msg.offset << self.LINE_BITS | i
-            if pos <= positions.get(where, -1):
+            if pos <= positions.get(where, -1) and (not holds or detectors.folded(job, rec)):
                 out.skipped += 1  # already in the saved state: read again after a restart
+                if holds:
+                    went(key, msg)
                 continue
-            positions[where] = pos
+            positions[where] = max(pos, positions.get(where, -1))
             self.partition_of[job] = msg.partition
-            events = process(rec, msg.partition, t)
+            events = process(rec, msg.partition, t, (key, msg)) if holds else process(rec, msg.partition, t)
             touched.add(job)
             if events:
                 out.events += events
@@ -799,6 +839,10 @@ class StreamCore:
             out.records += 1
             if t > max_t:
                 max_t = t
+        if holds:
+            for key, msg in detectors.released_tags:
+                went(key, msg)
+            detectors.released_tags.clear()
         out.max_record_time_ns = max_t
         for job in self.detectors.evicted:
             # forgotten after an hour of silence: its table entry goes too

@@ -9,9 +9,8 @@ by time (a verdict's window end, a record's timestamp), records before verdicts 
 same time, verdicts of one time by window start, job and key. That order does not depend
 on how the communicators were spread, so neither do the events.
 
-This is an offline merge of finished shards. A streaming job stage needs each key stage
-to say how far its verdicts are complete (a progress mark per job) before it may let a
-time go: not built (docs/architecture.md, "Scaling one job past one worker").
+This is an offline merge of finished shards; the streaming one, driven by each key
+stage's progress marks, is :class:`~ncclwatch.detectors.keys.VerdictMerge`.
 
 >>> from ncclwatch_testkit import scenarios
 >>> from ncclwatch.config import DetectorConfig
