@@ -18,7 +18,8 @@ v1 put them on ``nccl.ops`` and the worker re-keyed them through an internal top
 ``topics.window_key = "comm"``): key workers read ``nccl.windows`` keyed by
 communicator and send verdicts and progress marks to ``nccl.verdicts``; job workers
 read those with ``job.throughput`` and ``nccl.telemetry``. docs/architecture.md draws
-it, with what is not right yet (several key workers in one group).
+it. Several workers of one stage share its partitions through their consumer group;
+:class:`ReadOrder` makes sure none of their messages is skipped around a rebalance.
 
 State and delivery (docs/replay.md has the longer version): the detect agent takes
 batches (``--batch-size`` messages or ``--batch-within-s`` seconds), processes them,
@@ -258,6 +259,93 @@ class WorkerStats:
     batches: int = 0
     abandoned: int = 0  # batches a rebalance cut through: not saved, read again
     stale: int = 0  # messages fetched before a rebalance, dropped: read again
+    out_of_order: int = 0  # messages after a hole or already taken, dropped: see ReadOrder
+    seeks: int = 0  # seeks back over a hole
+    holes_gone: int = 0  # holes retention made in the broker's log: gone for good
+
+
+class ReadOrder:
+    """Per input partition, the next offset the worker must take: it takes every
+    partition's messages strictly in order and seeks back over a hole.
+
+    Faust 0.15.3 can skip messages around a rebalance, and so lose them: a seek to the
+    committed offsets (how its recovery ends) races its fetcher, which goes on handing
+    over what it had fetched and so moves Faust's read offset past the seek; the
+    messages the seek brings again are then dropped as already read. Seen in logged
+    offsets: a partition kept through a rebalance went on at 1,239 with 523 committed;
+    a worker that joined never got 992-1,070 of its new partition. A skipped message is
+    neither detected nor acknowledged: verdicts come out wrong and the committed offset
+    sticks. So after each rebalance the worker starts this from the committed offsets
+    (the saved states skip what they folded in already) and asks :meth:`admit` about
+    every message:
+
+    - ``take``: the next one;
+    - ``copy``: taken already (a re-delivery after a seek): dropped;
+    - ``seek``: a hole before it: dropped; the worker pauses the partition (Faust then
+      hands over no more of what it had fetched), and once the partition is
+      :meth:`due` seeks it back to :meth:`next_offset` and resumes it;
+    - ``wait``: a hole with a seek under way: dropped. A seek that brought nothing
+      after ``RESEEK_AFTER_S`` is made again.
+
+    >>> order = ReadOrder()
+    >>> order.start({"p": 5, "q": None})
+    >>> [order.admit("p", o, now=0.0) for o in (4, 5, 8, 9)]
+    ['copy', 'take', 'seek', 'wait']
+    >>> order.due(0.1), order.due(0.5)
+    ([], ['p'])
+    >>> order.seeked("p", now=0.5)
+    >>> order.next_offset("p"), [order.admit("p", o, now=0.6) for o in (9, 6, 7, 8)]
+    (6, ['wait', 'take', 'take', 'take'])
+    >>> order.admit("q", 40, now=0.0)  # nothing committed: the first one starts it
+    'take'
+    >>> order.admit("p", 12, now=1.0), order.due(2.0)
+    ('seek', ['p'])
+    >>> order.seeked("p", now=2.0)
+    >>> [order.admit("p", 12, now=t) for t in (3.0, 5.0, 5.1)]  # the seek brought nothing
+    ['wait', 'seek', 'wait']
+    """
+
+    PAUSE_S = 0.3  # between pausing a partition and seeking it: what Faust had in hand goes
+    RESEEK_AFTER_S = 2.5
+
+    def __init__(self) -> None:
+        self._next: dict[Any, int | None] = {}
+        self._holes: dict[Any, tuple[bool, float]] = {}  # tp -> (seeked yet, since when)
+
+    def start(self, offsets: dict[Any, int | None]) -> None:
+        """Begin each partition at its committed offset (None: at what comes first, where
+        the log's start is not known)."""
+        self._next = dict(offsets)
+        self._holes.clear()
+
+    def next_offset(self, tp: Any) -> int | None:
+        return self._next.get(tp)
+
+    def skip_to(self, tp: Any, offset: int) -> None:
+        """Go on from ``offset``: the hole is gone from the broker's log (retention)."""
+        self._next[tp] = offset
+
+    def admit(self, tp: Any, offset: int, now: float) -> str:
+        want = self._next.get(tp)
+        if want is None or offset == want:
+            self._next[tp] = offset + 1
+            self._holes.pop(tp, None)
+            return "take"
+        if offset < want:
+            return "copy"
+        hole = self._holes.get(tp)
+        if hole is None or (hole[0] and now - hole[1] >= self.RESEEK_AFTER_S):
+            self._holes[tp] = (False, now)
+            return "seek"
+        return "wait"
+
+    def due(self, now: float) -> list[Any]:
+        """Partitions paused long enough to be sought back now."""
+        return [tp for tp, (seeked, since) in self._holes.items() if not seeked and now - since >= self.PAUSE_S]
+
+    def seeked(self, tp: Any, now: float) -> None:
+        if tp in self._holes:
+            self._holes[tp] = (True, now)
 
 
 def highwater(consumer: Any, tp: Any) -> int | None:
@@ -268,6 +356,14 @@ def highwater(consumer: Any, tp: Any) -> int | None:
         return consumer.highwater(tp)
     except AssertionError:
         return None
+
+
+def _faust_tps(tps: Any) -> set[Any]:
+    """Faust's own TP type: a message's ``tp`` is aiokafka's (equal, but Faust's
+    ``resume_partitions`` asserts its own type)."""
+    from faust.types import TP
+
+    return {TP(tp.topic, tp.partition) for tp in tps}
 
 
 def _message(event: Any) -> Message:
@@ -352,6 +448,8 @@ class Worker:
         self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read
         self._last_read: dict[Any, float] = {}  # input partition -> when it last delivered
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
+        self.order = ReadOrder()
+        self._order_from = -1  # the rebalance count ``order`` was started at
         self._rebalances = 0  # partitions revoked or assigned, so far
         self._batch_began = 0  # ... when the current batch began
         self._settled = False  # partitions assigned, none revoked since
@@ -399,8 +497,9 @@ class Worker:
 
         @app.on_partitions_revoked.connect
         async def revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-            # Held messages come again from the committed offsets; the jobs may move to
-            # another worker and are reloaded from the table when they come back.
+            # Held messages come again from the committed offsets (ReadOrder seeks back to
+            # them where Faust does not); the jobs may move to another worker and are
+            # reloaded from the table when they come back.
             w._rebalances += 1
             w._settled = False
             w.reset()
@@ -470,8 +569,8 @@ class Worker:
         # From a revocation until the tables are recovered nothing is ours: a state read
         # then may be half recovered, one saved then may land after the new owner
         # recovered. So a batch waits for that, then drops what was fetched before the
-        # rebalance (Faust tags messages with the generation they were fetched in): the
-        # seek to the committed offsets that ends recovery brings those again.
+        # rebalance (Faust tags messages with the generation they were fetched in), and
+        # takes each partition's messages in order from the committed offsets on.
         while not self._ready():
             await asyncio.sleep(0.05)
         async with self._lock:
@@ -479,7 +578,7 @@ class Worker:
             generation = self.app.consumer_generation_id
             fresh = [e for e in events if e.message.generation_id in (None, generation)]
             self.stats.stale += len(events) - len(fresh)
-            events = fresh
+            events = await self._in_order(fresh)
             self._batch_began = self._rebalances
             for e in events:
                 m = e.message
@@ -488,6 +587,65 @@ class Worker:
             await self._finish(out)
         if self.metrics is not None:
             self.metrics.batch(self, events, out, time.perf_counter() - t0)
+
+    async def _in_order(self, events: list) -> list:
+        """The events :class:`ReadOrder` takes; pauses the partitions it finds holes in."""
+        if self._order_from != self._rebalances:
+            rebalances = self._rebalances
+            committed = await self.commits.look_now()
+            if rebalances != self._rebalances or not self._ready():
+                return []  # another rebalance meanwhile: the next batch starts over
+            consumer = self.app.consumer
+            owned = [tp for tp in consumer.assignment() if tp.topic in self.inputs]
+            start = {tp: committed.get((tp.topic, tp.partition)) for tp in owned}
+            never = [tp for tp, offset in start.items() if offset is None]
+            if never:  # nothing committed: the group starts at the log's start (earliest)
+                start.update(await consumer.earliest_offsets(*never))
+            if rebalances != self._rebalances or not self._ready():
+                return []
+            self.order.start(start)
+            self._order_from = rebalances
+        order, now = self.order, time.monotonic()
+        taken, holes = [], set()
+        for e in events:
+            m = e.message
+            verdict = order.admit(m.tp, m.offset, now)
+            if verdict == "take":
+                taken.append(e)
+            elif verdict == "seek":
+                holes.add(m.tp)
+        self.stats.out_of_order += len(events) - len(taken)
+        if holes:
+            self.app.consumer.pause_partitions(_faust_tps(holes))
+        await self._seek_back()
+        return taken
+
+    async def _seek_back(self) -> None:
+        """Seek the partitions paused over a hole back to it, and resume them."""
+        if self._order_from != self._rebalances:
+            return  # a rebalance: Faust resumes every partition, ReadOrder starts over
+        now = time.monotonic()
+        due = self.order.due(now)
+        if not due:
+            return
+        consumer = self.app.consumer
+        earliest = await consumer.earliest_offsets(*due)
+        seeks = {}
+        for tp in due:
+            want = self.order.next_offset(tp)
+            first = earliest.get(tp)
+            if want is not None and first is not None and want < first:
+                log.warning("offsets %d..%d of %s[%d] are gone from the broker's log (retention): going on "
+                            "from %d", want, first - 1, tp.topic, tp.partition, first)
+                self.order.skip_to(tp, first)
+                self.stats.holes_gone += 1
+                want = first
+            seeks[tp] = want
+            self.order.seeked(tp, now)
+        self.stats.seeks += len(seeks)
+        log.info("seeking back over holes: %s", {f"{tp.topic}[{tp.partition}]": o for tp, o in seeks.items()})
+        await consumer.seek_wait(seeks)
+        consumer.resume_partitions(_faust_tps(due))
 
     async def _send_marks(self) -> list[Any]:
         """The key stage's progress, one message to every partition of the verdicts
@@ -516,6 +674,9 @@ class Worker:
             self._executor.submit(self.sink.tick)
         self._check_producer()
         self._progress_idle_inputs()
+        if self._ready() and self.order.due(time.monotonic()):
+            async with self._lock:
+                await self._seek_back()
         if self.stage == "keys" and self._stream is None and self._ready():
             async with self._lock:
                 futures = await self._send_marks()
@@ -562,15 +723,15 @@ class Worker:
             futures += await self._send_marks()
         if futures:
             await asyncio.gather(*futures)
-        states, done = out.states, out.done
         if self._rebalances != self._batch_began or self.app.rebalancing:
             # A rebalance while publishing: the new owner of a moved partition may have
             # recovered the table already, so a state written now could land after its
             # own and be what the next owner recovers, older than the offsets it was
-            # committed with. Nothing is saved or acknowledged: the batch comes again.
+            # committed with. Nothing is saved or acknowledged: the batch is read again
+            # from the committed offsets (ReadOrder starts over after a rebalance).
             self.stats.abandoned += 1
             return
-        for job, (partition, state) in states.items():
+        for job, (partition, state) in out.states.items():
             # Not ``table[job] = state``: that takes the partition from the *current*
             # event, and a batch spans partitions.
             if state is None:  # the job was forgotten: a tombstone, compacted away
@@ -579,7 +740,7 @@ class Worker:
             else:
                 self.table.data[job] = state
                 self.table.send_changelog(partition, job, state)
-        for m in done:
+        for m in out.done:
             event = self._pending.pop((m.topic, m.partition, m.offset), None)
             if event is not None:
                 await self._stream.ack(event)
@@ -709,6 +870,11 @@ class GroupCommits:
         self._ends: dict[tuple[str, int], int] = {}
         self._busy = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ncclwatch-offsets")
+
+    async def look_now(self) -> dict[tuple[str, int], int]:
+        """Look the committed offsets up now (after a rebalance) and return them."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._look)
+        return dict(self._snapshot)
 
     def refresh(self) -> None:
         if not self._busy:
@@ -860,7 +1026,9 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
             f"ncclwatch worker {w.app_id}: {st.records} records, {st.events} events, "
             f"{st.dead_letters} dead letters, {st.skipped} re-read and skipped, "
             f"{w.core.merge.forced} let go by the time merge before their time, "
-            f"{st.abandoned} batches cut by a rebalance, {st.stale} messages from before one"
+            f"{st.abandoned} batches cut by a rebalance, {st.stale} messages from before one, "
+            f"{st.seeks} seeks back over a hole ({st.out_of_order} messages dropped out of order, "
+            f"{st.holes_gone} holes gone from the log)"
             + (f", {w.core.detectors.late_verdicts()} verdicts late" if stage == "jobs" else ""),
             file=sys.stderr,
             flush=True,

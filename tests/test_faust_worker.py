@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from drivers_support import (
     WorkerProcess,
+    committed,
     config_of,
     create_topics,
+    end_offsets,
     identity,
     publish,
     read_events,
     read_topic,
     reference_events,
+    scenario_records,
     topics_env,
     wait_consumed,
     window_scenario,
@@ -150,3 +154,34 @@ def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka
     # detected at the same stream time as without restarts: no re-warm-up
     want_detected = sorted((e.id, e.state, e.detected_ns) for e in expected)
     assert sorted((e["id"], e["state"], e["detected_ns"]) for e in events) == want_detected
+
+
+def test_two_workers_of_one_group_give_one_workers_events_and_commit_every_input(kafka_bootstrap, tmp_path):
+    """A second worker joins while the first reads: partitions move between them
+    mid-stream. Every event is one process's, exactly once, and every input partition is
+    committed to its end (a message Faust skipped around the rebalance would stick the
+    committed offset there: ``ReadOrder``)."""
+    env = topics_env(kafka_bootstrap, partitions=4)
+    create_topics(env)
+    cfg = config_of(env)
+    records = scenario_records(["multi_fault_2x8", "throughput_dip_2x2", "telemetry_drops_2x2", "steady_noisy_2x8"])
+    publish(env, records)
+    app_id = testing.unique_name("app")
+    first = WorkerProcess(env, app_id, tmp_path).start()
+    workers = [first]
+    try:
+        time.sleep(1.0)
+        workers.append(WorkerProcess(env, app_id, tmp_path).start())
+        expected = reference_events(env, records)
+        events = read_events(env, min_count=len(expected), idle_s=3.0, timeout_s=180)
+        inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.telemetry]
+        wait_consumed(env, app_id, inputs, timeout_s=60)
+    finally:
+        rcs = [w.stop() for w in workers]
+    logs = "\n".join(w.output() for w in workers)
+    assert first.output().count("assigned") >= 2, logs  # the rebalance this is about happened
+    assert sorted(identity(e) for e in events) == sorted(identity(e) for e in expected), logs
+    ends = end_offsets(env, inputs)
+    done = committed(env, app_id)
+    assert all(done.get(tp, 0) >= end for tp, end in ends.items() if end > 0), (done, ends)
+    assert rcs == [0, 0], logs
