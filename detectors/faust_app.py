@@ -176,7 +176,7 @@ def ensure_topics(cfg: Config, app_id: str, stage: str = "all") -> None:
     used = set(input_keys(stage)) | ({"verdicts"} if stage == "keys" else {"anomalies", "dead_letter"})
     used.add("dead_letter")
     wanted = {name: retention for key, name in names.items() if key in used}
-    wanted[names["changelog"]] = {"cleanup.policy": "compact"}
+    wanted[names["changelog"]] = {"cleanup.policy": "compact", "max.message.bytes": str(STATE_MESSAGE_BYTES)}
     admin = KafkaAdminClient(**cfg.kafka.client_kwargs())
     try:
         existing = set(admin.list_topics())
@@ -419,6 +419,8 @@ class Worker:
             # for unacknowledged messages: waiting would hang on a crashed batch.
             stream_wait_empty=False,
             producer_acks=-1,
+            producer_max_request_size=STATE_MESSAGE_BYTES,
+            consumer_max_fetch_size=STATE_MESSAGE_BYTES,
         )
         raw = {
             "key_type": bytes,
@@ -430,7 +432,8 @@ class Worker:
         # the key stage's verdicts go where the job stage reads them; the others' events
         self.events_out = app.topic(names["verdicts" if stage == "keys" else "anomalies"], **raw)
         self.dead_out = app.topic(names["dead_letter"], **raw)
-        self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str)
+        self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str,
+                               extra_topic_configs={"max.message.bytes": str(STATE_MESSAGE_BYTES)})
         if stage == "keys":
             # one time-merge group: the worker reads all its partitions abreast
             self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state,
@@ -759,7 +762,12 @@ class Worker:
 # after this long without a message: an empty partition and one whose next message has
 # not arrived yet look alike, and only time tells them apart (Flink's idleness timeout).
 IDLE_AFTER_S = 5.0
-VERDICTS_PER_MESSAGE = 200  # ~150 KB: well under Kafka's 1 MB message limit
+VERDICTS_PER_MESSAGE = 200  # ~150 KB of small communicators' verdicts
+VERDICT_MESSAGE_BYTES = 400_000  # well under Kafka's 1 MB message limit
+# A communicator's saved state grows with its ranks (their hosts and GPUs, the
+# straggler scorer's history): ~0.9 MB at 16,384 ranks. Its changelog takes values up
+# to this size (a topic setting; Kafka's default is 1 MB).
+STATE_MESSAGE_BYTES = 16 << 20
 
 
 def pack_verdicts(items: list[Any]) -> list[tuple[bytes, bytes, float]]:
@@ -783,10 +791,17 @@ def pack_verdicts(items: list[Any]) -> list[tuple[bytes, bytes, float]]:
     out = []
     for job, xs in by_job.items():
         key = job.encode()
-        for i in range(0, len(xs), VERDICTS_PER_MESSAGE):
-            chunk = xs[i:i + VERDICTS_PER_MESSAGE]
-            lines = [encode_verdict(x) for x in chunk]
-            out.append((key, b"\n".join(lines), chunk[-1].end_ns / 1e9))
+        lines: list[bytes] = []
+        size = 0
+        for i, x in enumerate(xs):
+            line = encode_verdict(x)
+            # a verdict lists its group's ranks: ~20 bytes each, 300 KB at 16,384 ranks
+            if lines and (len(lines) == VERDICTS_PER_MESSAGE or size + len(line) > VERDICT_MESSAGE_BYTES):
+                out.append((key, b"\n".join(lines), xs[i - 1].end_ns / 1e9))
+                lines, size = [], 0
+            lines.append(line)
+            size += len(line) + 1
+        out.append((key, b"\n".join(lines), xs[-1].end_ns / 1e9))
     return out
 
 

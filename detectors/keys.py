@@ -206,7 +206,7 @@ class KeyState:
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
         "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
         "closed_before", "last_end_ns", "last_effect", "last_observed", "streak",
-        "unlearned", "frozen_until", "frozen_obs", "spread", "spread_rule", "spread_unlearned",
+        "unlearned", "frozen_until", "frozen_obs", "spread", "spread_rule", "spread_unlearned", "tags",
     )
 
     def __init__(self, w: WindowSummary, p: KeyParams):
@@ -244,6 +244,7 @@ class KeyState:
         self.spread = RatioBaseline(**p.baseline)
         self.spread_rule = SustainedRule(**p.spread_rule)
         self.spread_unlearned: list[float] = []
+        self.tags: dict[int, list[Any]] = {}  # a held group's start -> its windows' messages
 
     @classmethod
     def new(cls, w: WindowSummary, p: KeyParams, model: Any = None) -> KeyState:
@@ -431,7 +432,9 @@ class KeyState:
             self.spread_unlearned = []
         return transition, effect
 
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self, pending: bool = True) -> dict[str, Any]:
+        """JSON-ready; ``pending=False`` leaves the open groups' windows out (their
+        messages are held unacknowledged instead: :class:`KeyStage` ``hold_ranks``)."""
         return {
             "comm_name": self.comm_name,
             "nranks": self.nranks,
@@ -446,7 +449,7 @@ class KeyState:
             "pending": [
                 [s, [[getattr(w, f) for f in _WS_FIELDS] for w in g.values()]]
                 for s, g in self.pending.items()
-            ],
+            ] if pending else [],
             "closed_before": self.closed_before,
             "last_end": self.last_end_ns,
             "last_effect": self.last_effect,
@@ -489,6 +492,7 @@ class KeyState:
         obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
         obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
         obj.spread_unlearned = list(st["spread_unlearned"])
+        obj.tags = {}
         return obj
 
 
@@ -689,7 +693,7 @@ class KeyStage:
     [('AllReduce', 0, 40.0, [(0, 'h0'), (1, 'h1')])]
     """
 
-    def __init__(self, cfg: Any, *, model: Any = None):
+    def __init__(self, cfg: Any, *, model: Any = None, hold_ranks: int | None = None):
         from .model import BusbwModel
 
         cfg = getattr(cfg, "detector", cfg)
@@ -701,8 +705,32 @@ class KeyStage:
         self._newest = -1  # newest window end seen, of any communicator
         self._window_ns = 1
         self.late_windows = 0
+        # Communicators of at least this many ranks hold their open groups' windows out
+        # of their state (a 16,384-rank group alone is ~13 MB of JSON, past what one
+        # Kafka message holds); the caller keeps their messages unacknowledged until
+        # the group closes (``process``'s ``tag``, then ``released_tags``) and, after a
+        # restart, gives the stage again those it has not ``folded`` in.
+        self.hold_ranks = hold_ranks
+        self.released_tags: list[Any] = []
 
-    def process(self, w: WindowSummary) -> list[KeyVerdict]:
+    def holds(self, nranks: int) -> bool:
+        return self.hold_ranks is not None and nranks >= self.hold_ranks
+
+    def folded(self, w: WindowSummary) -> bool:
+        """Whether ``w`` is in the stage's state: always, unless its communicator holds
+        its open groups' windows and ``w``'s group is still open."""
+        if w.transport == "single" or not self.holds(w.nranks):
+            return True
+        ks = self._keys.get((w.job, w.comm, w.op, w.size_bucket, w.transport))
+        return ks is not None and w.start_ns < ks.closed_before
+
+    def process(self, w: WindowSummary, tag: Any = None) -> list[KeyVerdict]:
+        """Verdicts of the groups ``w`` closes. ``tag``: what to put in
+        ``released_tags`` once ``w`` is folded into the state (at once, unless its
+        communicator holds its windows: when its group closes)."""
+        if tag is not None and (w.transport == "single" or not self.holds(w.nranks)):
+            self.released_tags.append(tag)
+            tag = None
         if w.transport == "single":
             return []
         out: list[KeyVerdict] = []
@@ -720,10 +748,15 @@ class KeyStage:
         if ks is None:
             ks = self._keys[gk] = KeyState.new(w, self._p, self.model)
         complete = place(ks, w, c, c.pending, gk, self.cfg.max_lateness_windows)
-        if complete:
-            self._close(c, gk, ks, w.start_ns, out)
-        elif complete is None:
+        if complete is None:
             self.late_windows += 1
+            if tag is not None:
+                self.released_tags.append(tag)
+        else:
+            if tag is not None:
+                ks.tags.setdefault(w.start_ns, []).append(tag)
+            if complete:
+                self._close(c, gk, ks, w.start_ns, out)
         if c.watermark >= c.next_tick_ns:
             for pks, start in due(c, c.pending):
                 self._close(c, (w.job, *pks.tuple), pks, start, out)
@@ -770,11 +803,12 @@ class KeyStage:
         c = self._comms.get((job, comm))
         if c is None:
             return None
-        keys = [[list(k[1:]), ks.to_state()] for k, ks in self._keys.items() if k[0] == job and k[1] == comm]
+        ours = [(k, ks) for k, ks in self._keys.items() if k[0] == job and k[1] == comm]
+        held = bool(ours) and self.holds(ours[0][1].nranks)
         return {
             "clock": [c.watermark, c.next_tick_ns, c.window_ns, c.lateness_ns],
-            "keys": keys,
-            "pending": [list(k[1:]) for k in c.pending],
+            "keys": [[list(k[1:]), ks.to_state(pending=not held)] for k, ks in ours],
+            "pending": [] if held else [list(k[1:]) for k in c.pending],
         }
 
     def restore_comm(self, job: str, comm: str, st: dict[str, Any]) -> None:
@@ -792,9 +826,11 @@ class KeyStage:
             self._newest, self._window_ns = c.watermark, c.window_ns
 
     def forget_comm(self, job: str, comm: str) -> None:
+        """Drop a communicator; the messages of windows it held are let go with it."""
         if self._comms.pop((job, comm), None) is not None:
             for k in [k for k in self._keys if k[0] == job and k[1] == comm]:
-                del self._keys[k]
+                for tags in self._keys.pop(k).tags.values():
+                    self.released_tags += tags
 
     def comms(self) -> list[tuple[str, str]]:
         return list(self._comms)
@@ -806,6 +842,8 @@ class KeyStage:
         p = self._p
         for s, group in ks.take_upto(start):
             out.append(ks.close(s, group, p))
+            if ks.tags:
+                self.released_tags += ks.tags.pop(s, ())
         if not ks.pending:
             c.pending.pop(gk, None)
 

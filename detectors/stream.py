@@ -430,11 +430,18 @@ class KeyDetectors:
     forgotten (``evicted``: their saved state is deleted too).
     """
 
-    holds_records = False  # a window's group is state: its message is done once read
+    # Communicators of this many ranks or more hold their open groups' windows out of
+    # their saved state (KeyStage's ``hold_ranks``): a window's message is done once its
+    # group closed. Below, a group's windows are state and a message is done once read.
+    HOLD_RANKS = 256
 
-    def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0):
+    def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0,
+                 hold_ranks: int | None = HOLD_RANKS):
         self.cfg = cfg
         self.model = model if model is not None else load_model(cfg)
+        self.hold_ranks = hold_ranks
+        self.holds_records = hold_ranks is not None
+        self.released_tags: list[Any] = []  # every partition's stage appends here
         self.stages: dict[int, KeyStage] = {}
         self.pipelines: dict[str, int] = {}  # communicator -> its partition (StreamCore's cache test)
         self._newest: dict[int, int] = {}  # partition -> newest window end
@@ -451,13 +458,14 @@ class KeyDetectors:
     def _stage(self, partition: int) -> KeyStage:
         stage = self.stages.get(partition)
         if stage is None:
-            stage = self.stages[partition] = KeyStage(self.cfg, model=self.model)
+            stage = self.stages[partition] = KeyStage(self.cfg, model=self.model, hold_ranks=self.hold_ranks)
+            stage.released_tags = self.released_tags
         return stage
 
-    def process(self, w: Any, partition: int = 0, t_ns: int | None = None) -> list[Any]:
+    def process(self, w: Any, partition: int = 0, t_ns: int | None = None, tag: Any = None) -> list[Any]:
         stage = self._stage(partition)
         self.pipelines[self.state_key(w)] = partition
-        out: list[Any] = stage.process(w)
+        out: list[Any] = stage.process(w, tag)
         if w.end_ns > self._newest.get(partition, -1):
             self._newest[partition] = w.end_ns
             if w.end_ns >= self._next_sweep.get(partition, -1):
@@ -471,6 +479,12 @@ class KeyDetectors:
                 stage.forget_comm(job, comm)
                 self.pipelines.pop(f"{job}|{comm}", None)
                 self.evicted.append(f"{job}|{comm}")
+
+    def folded(self, key: str, w: Any) -> bool:
+        """Whether window ``w``, read again after a restart, is in the saved state
+        already (else its group was open and held: it goes in again)."""
+        partition = self.pipelines.get(key)
+        return partition is not None and self._stage(partition).folded(w)
 
     def marks(self, partitions: dict[int, bool]) -> list[VerdictMark]:
         """The progress marks of ``partitions`` (partition -> read to the end?)."""
@@ -504,6 +518,7 @@ class KeyDetectors:
 
     def forget(self, key: str | None = None) -> None:
         if key is None:
+            self.released_tags.clear()
             self.stages.clear()
             self.pipelines.clear()
             self._newest.clear()

@@ -176,10 +176,12 @@ def test_two_workers_of_one_group_give_one_workers_events_and_commit_every_input
         events = read_events(env, min_count=len(expected), idle_s=3.0, timeout_s=180)
         inputs = [cfg.topics.windows, cfg.topics.throughput, cfg.topics.telemetry]
         wait_consumed(env, app_id, inputs, timeout_s=60)
+        # the rebalance this is about happened: one of them was assigned twice
+        assignments = [w.output().count("assigned") for w in workers]
     finally:
         rcs = [w.stop() for w in workers]
     logs = "\n".join(w.output() for w in workers)
-    assert first.output().count("assigned") >= 2, logs  # the rebalance this is about happened
+    assert max(assignments) >= 2, logs
     assert sorted(identity(e) for e in events) == sorted(identity(e) for e in expected), logs
     ends = end_offsets(env, inputs)
     done = committed(env, app_id)

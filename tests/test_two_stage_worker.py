@@ -41,14 +41,15 @@ def staged_run(kafka_bootstrap, tmp_path_factory):
     publish(env, records)  # a backlog: the workers start on it together
     logs = tmp_path_factory.mktemp("staged")
     keys_id, jobs_id = testing.unique_name("keys"), testing.unique_name("jobs")
-    first = WorkerProcess(env, keys_id, logs, "--stage", "keys").start()
-    workers = [first, WorkerProcess(env, jobs_id, logs, "--stage", "jobs").start()]
+    workers = [WorkerProcess(env, keys_id, logs, "--stage", "keys").start(),
+               WorkerProcess(env, jobs_id, logs, "--stage", "jobs").start()]
     try:
         # the second key worker joins a moment later: partitions move while they read
         time.sleep(1.0)
         workers.insert(1, WorkerProcess(env, keys_id, logs, "--stage", "keys").start())
         expected = staged_reference_events(env, records)
         events = read_events(env, min_count=len(expected), idle_s=3.0, timeout_s=180)
+        assignments = [w.output().count("assigned") for w in workers[:2]]  # before stopping
     finally:
         rcs = [w.stop() for w in workers]
     cfg = config_of(env)
@@ -66,6 +67,7 @@ def staged_run(kafka_bootstrap, tmp_path_factory):
         "expected": expected,
         "verdicts": verdicts,
         "rcs": rcs,
+        "assignments": assignments,
         "windows_left": windows_left,
         "outputs": [w.output() for w in workers],
         "logs": "\n".join(w.output() for w in workers),
@@ -141,8 +143,8 @@ def test_every_verdict_is_what_its_communicators_windows_give_alone(staged_run):
 
 
 def test_the_key_workers_rebalanced_while_reading(staged_run):
-    first = staged_run["outputs"][0]
-    assert first.count("assigned") >= 2, first  # what the test is about happened
+    # what the test is about happened: one of them was assigned twice
+    assert max(staged_run["assignments"]) >= 2, staged_run["logs"]
 
 
 def test_every_stage_worker_exits_cleanly(staged_run):
