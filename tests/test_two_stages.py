@@ -255,7 +255,6 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     # unacknowledged until let go, so after a crash they come again. Killed anywhere,
     # restarted from the saved states and the committed offsets, it emits what it
     # would have emitted without stopping (at least once: repeats are exact copies).
-    import json
 
     from ncclwatch.records import to_json
 
@@ -275,12 +274,7 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         for b in batches[:cut]:
             out = core.handle(b, kinds)
             before += out.events
-            for job, (_, state) in out.states.items():
-                if state is None:
-                    table.pop(job, None)
-                else:
-                    table[job] = json.loads(json.dumps(state))
-                    biggest = max(biggest, len(json.dumps(state)))
+            biggest = max(biggest, _save_states(table, out))
             done |= {(m.topic, m.offset) for m in out.done}
             held = max(held, sum(len(m) for m in core.detectors.merges.values()))
         # Kafka commits the acknowledged prefix of each partition
@@ -295,6 +289,21 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         for ev in before + after:
             first.setdefault(to_json(ev), ev)
         assert list(first.values()) == whole, cut
+
+
+def _save_states(table: dict, out) -> int:
+    """What the worker writes to its table after a batch (through JSON); the largest size."""
+    import json
+
+    biggest = 0
+    for key, (_, state) in out.states.items():
+        if state is None:
+            table.pop(key, None)
+        else:
+            text = json.dumps(state)
+            table[key] = json.loads(text)
+            biggest = max(biggest, len(text))
+    return biggest
 
 
 def _key_stage_core(load_state, hold_ranks):
@@ -343,16 +352,11 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     for cut in (len(batches) // 3, len(batches) // 2, len(batches) * 4 // 5):
         table: dict[str, dict] = {}
         core, kinds = _key_stage_core(table.get, hold_ranks)
-        before, done, biggest = [], set(), 0
+        before, done = [], set()
         for b in batches[:cut]:
             out = core.handle(b, kinds)
             before += verdicts(out)
-            for key, (_, state) in out.states.items():
-                if state is None:
-                    table.pop(key, None)
-                else:
-                    table[key] = json.loads(json.dumps(state))
-                    biggest = max(biggest, len(json.dumps(state)))
+            _save_states(table, out)
             done |= {(m.partition, m.offset) for m in out.done}
         # Kafka commits the acknowledged prefix of each partition
         committed = {p: min((m.offset for m in messages if m.partition == p and (p, m.offset) not in done),
