@@ -24,7 +24,9 @@ it. Several workers of one stage share its partitions through their consumer gro
 State and delivery (docs/replay.md has the longer version): the detect agent takes
 batches (``--batch-size`` messages or ``--batch-within-s`` seconds), processes them,
 publishes the batch's anomaly events and waits for Kafka's acks, then writes each
-touched job's state to the table, and only then acknowledges the batch's messages.
+touched job's state to the table, and only then acknowledges the messages the save
+covers (states are saved at most every ``--save-every-s``, longer for states that
+take long to build: the messages of batches in between wait for the next save).
 Faust flushes the changelog before it commits offsets, so the committed offsets never
 pass the saved state; the state carries the last offset it folded in per input
 partition, so messages re-read after a crash are skipped if already counted. Events
@@ -96,7 +98,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--batch-within-s",
         type=float,
         default=0.2,
-        help="process a partial batch after this long (default 0.2); the state is saved per batch",
+        help="process a partial batch after this long (default 0.2)",
+    )
+    p.add_argument(
+        "--save-every-s",
+        type=float,
+        default=1.0,
+        help="save touched states at most this often, and no more often than every 5x what "
+        "building the last save took (a 16k-GPU job's state is MBs); messages are "
+        "acknowledged only once a save covers them (default 1.0; 0: after every batch)",
     )
     p.add_argument(
         "--stage",
@@ -384,6 +394,7 @@ class Worker:
         datadir: str | None = None,
         drain: Any = None,
         stage: str = "all",
+        save_every_s: float = 1.0,
     ):
         import faust
 
@@ -437,10 +448,11 @@ class Worker:
         if stage == "keys":
             # one time-merge group: the worker reads all its partitions abreast
             self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state,
-                                   state_key=KeyDetectors.state_key, merge_group=lambda _: 0)
+                                   state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
+                                   save_every_s=save_every_s)
         else:
             detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs")
-            self.core = StreamCore(detectors, self._load_state)
+            self.core = StreamCore(detectors, self._load_state, save_every_s=save_every_s)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
             names["windows"]: (WindowSummary,),
@@ -686,7 +698,8 @@ class Worker:
                 if futures:
                     await asyncio.gather(*futures)
             return
-        if self._stream is None or not self._ready() or (not self.core.merge.held and self.stage != "keys"):
+        idle = not self.core.merge.held and not (self.core.save_pending and self.core.save_due())
+        if self._stream is None or not self._ready() or (idle and self.stage != "keys"):
             return
         async with self._lock:
             self._batch_began = self._rebalances
@@ -1023,7 +1036,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         datadir = scratch.name
     drain = DrainWatch(cfg, app_id, stage) if args.until_caught_up else None
     w = Worker(cfg, app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s, datadir=datadir,
-               drain=drain, stage=stage)
+               drain=drain, stage=stage, save_every_s=args.save_every_s)
     _start_metrics(w, args.metrics_port)
     if cfg.alerting.alertmanager_url:
         from ncclwatch.alerting.sink import AlertSink

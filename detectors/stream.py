@@ -720,7 +720,16 @@ class StreamCore:
         inputs of one number). The key stage merges all its partitions as one group, so
         one worker reads its partitions abreast and no partition's jobs reach the job
         stage long after the others' (a partition read late has late verdicts).
+    save_every_s
+        0 (default): the touched states go out with every batch. Above 0: at most this
+        often, and no more often than every ``SAVE_COST_FACTOR`` times what building
+        the last save took: a large job's state (6.5 MB of JSON at 16,384 GPUs, 1.4 s
+        to build and serialise) saved after every batch costs more than detecting.
+        Until a save, the messages done wait with it (``done`` is only what a save in
+        the same outcome covers), so the committed offsets never pass the saved state.
     """
+
+    SAVE_COST_FACTOR = 5.0  # saving takes at most ~1/5 of the time
 
     LINE_BITS = 20  # records per message < 2**20: a Kafka message is at most ~1 MB
 
@@ -732,6 +741,8 @@ class StreamCore:
         *,
         state_key: Callable[[Any], str] | None = None,
         merge_group: Callable[[int], int] | None = None,
+        save_every_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.detectors = detectors
         self.load_state = load_state
@@ -742,6 +753,13 @@ class StreamCore:
         self.positions: dict[str, dict[str, int]] = {}
         self.partition_of: dict[str, int] = {}
         self._remaining: dict[tuple[str, int, int], int] = {}  # message -> records held
+        self.save_every_s = save_every_s
+        self._clock = clock
+        self._unsaved: set[str] = set()  # touched since the last save
+        self._unsaved_gone: dict[str, int] = {}  # forgotten since the last save -> partition
+        self._unacked: list[Message] = []  # done, waiting for the next save
+        self._saved_at = float("-inf")
+        self.save_cost_s = 0.0  # what building the last save took
 
     def _ensure(self, job: str) -> dict[str, int]:
         positions = self.positions.get(job)
@@ -762,6 +780,18 @@ class StreamCore:
         self.positions.clear()
         self.merge.clear()
         self._remaining.clear()
+        self._unsaved.clear()
+        self._unsaved_gone.clear()
+        self._unacked.clear()
+
+    @property
+    def save_pending(self) -> bool:
+        """Whether states or done messages wait for a save (``save_every_s``)."""
+        return bool(self._unsaved or self._unsaved_gone or self._unacked)
+
+    def save_due(self) -> bool:
+        wait = max(self.save_every_s, self.SAVE_COST_FACTOR * self.save_cost_s) if self.save_every_s > 0 else 0.0
+        return self._clock() - self._saved_at >= wait
 
     def handle(
         self,
@@ -859,14 +889,27 @@ class StreamCore:
                 went(key, msg)
             detectors.released_tags.clear()
         out.max_record_time_ns = max_t
+        unsaved = self._unsaved
+        unsaved |= touched
         for job in self.detectors.evicted:
             # forgotten after an hour of silence: its table entry goes too
             self.positions.pop(job, None)
-            touched.discard(job)
+            unsaved.discard(job)
             if job in self.partition_of:
-                out.states[job] = (self.partition_of.pop(job), None)
+                self._unsaved_gone[job] = self.partition_of.pop(job)
         self.detectors.evicted = []
-        for job in sorted(touched):
+        self._unacked += out.done
+        out.done = []
+        if self.save_pending and self.save_due():
+            self._save(out)
+        return out
+
+    def _save(self, out: BatchOutcome) -> None:
+        """Every state touched since the last save into ``out``, with what it covers."""
+        t = time.perf_counter()
+        for job, partition in self._unsaved_gone.items():
+            out.states[job] = (partition, None)
+        for job in sorted(self._unsaved):
             if job not in self.detectors.pipelines or job not in self.partition_of:
                 continue
             state = {
@@ -874,5 +917,10 @@ class StreamCore:
                 "detectors": self.detectors.job_state(job),
                 "positions": dict(self.positions[job]),
             }
-            out.states[job] = (self.partition_of[job], state)
-        return out
+            out.states[job] = (self.partition_of[job], state)  # after a tombstone: back again
+        out.done = self._unacked
+        self._unacked = []
+        self._unsaved = set()
+        self._unsaved_gone = {}
+        self._saved_at = self._clock()
+        self.save_cost_s = time.perf_counter() - t

@@ -239,17 +239,27 @@ def _verdicts_topic(records, shards: int, lag_every: int):
     return messages
 
 
-def _job_stage_core(shards: int, load_state):
+def _batch_clock():
+    """A clock that moves 0.1 s per reading (StreamCore reads it once per batch)."""
+    import itertools
+
+    ticks = itertools.count()
+    return lambda: next(ticks) / 10
+
+
+def _job_stage_core(shards: int, load_state, save_every_s: float = 0.0):
     from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS
     from ncclwatch.detectors.stream import JobDetectors, StreamCore
 
     from ncclwatch.records import ThroughputRecord
 
-    core = StreamCore(JobDetectors(CFG, partitions=shards, staged=True), load_state)
+    core = StreamCore(JobDetectors(CFG, partitions=shards, staged=True), load_state,
+                      save_every_s=save_every_s, clock=_batch_clock())
     return core, {"v": STAGE_KINDS, "t": (ThroughputRecord, *TELEMETRY_KINDS)}
 
 
-def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing():
+@pytest.mark.parametrize("save_every_s", [0.0, 0.35])
+def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing(save_every_s):
     # What the job stage holds for a lagging key stage is not saved (a lag of minutes
     # would make a job's state bigger than a Kafka message): its messages stay
     # unacknowledged until let go, so after a crash they come again. Killed anywhere,
@@ -263,13 +273,13 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     messages = _verdicts_topic(records, shards, lag_every=400)
     batches = [messages[i:i + batch] for i in range(0, len(messages), batch)]
 
-    core, kinds = _job_stage_core(shards, lambda job: None)
+    core, kinds = _job_stage_core(shards, lambda job: None, save_every_s)
     whole = [ev for b in batches for ev in core.handle(b, kinds).events]
     assert sum(ev.state == "firing" for ev in whole) >= 3
 
     for cut in (len(batches) // 3, len(batches) // 2, len(batches) * 4 // 5):
         table: dict[str, dict] = {}
-        core, kinds = _job_stage_core(shards, table.get)
+        core, kinds = _job_stage_core(shards, table.get, save_every_s)
         before, done, biggest, held = [], set(), 0, 0
         for b in batches[:cut]:
             out = core.handle(b, kinds)
@@ -282,7 +292,7 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
                      for tp in ("v", "t")}
         assert committed["v"] < batches[cut][0].offset  # a held message was not acknowledged
         assert held > 200 and biggest < 40_000, (held, biggest)  # held (~700 B each), not in the state
-        core, kinds = _job_stage_core(shards, table.get)
+        core, kinds = _job_stage_core(shards, table.get, save_every_s)
         again = [m for m in messages if m.offset >= committed[m.topic]]
         after = [ev for i in range(0, len(again), batch) for ev in core.handle(again[i:i + batch], kinds).events]
         first: dict[str, object] = {}
@@ -306,25 +316,27 @@ def _save_states(table: dict, out) -> int:
     return biggest
 
 
-def _key_stage_core(load_state, hold_ranks):
+def _key_stage_core(load_state, hold_ranks, save_every_s=0.0):
     from ncclwatch.detectors.messages import STAGE_KINDS  # noqa: F401 (the windows' kinds below)
     from ncclwatch.detectors.stream import KeyDetectors, StreamCore
 
     from ncclwatch.records import WindowSummary
 
     detectors = KeyDetectors(CFG, hold_ranks=hold_ranks)
-    core = StreamCore(detectors, load_state, state_key=KeyDetectors.state_key, merge_group=lambda _: 0)
+    core = StreamCore(detectors, load_state, state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
+                      save_every_s=save_every_s, clock=_batch_clock())
     return core, {"w": (WindowSummary,)}
 
 
-@pytest.mark.parametrize("hold_ranks", [2, None])
-def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing(hold_ranks):
+@pytest.mark.parametrize(("hold_ranks", "save_every_s"), [(2, 0.0), (None, 0.0), (2, 0.35), (None, 0.35)])
+def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing(hold_ranks, save_every_s):
     # A large communicator's open groups are not saved (a 16,384-rank group is ~13 MB of
     # JSON, past a Kafka message): their windows' messages stay unacknowledged until
     # the group closes, and after a crash come again. Killed anywhere, restarted from
     # its saved states and the committed (acknowledged-prefix) offsets, the key stage
     # sends the verdicts it would have sent without stopping (repeats are exact copies).
     # hold_ranks=2 holds every communicator here; None holds none (groups are state).
+    # save_every_s > 0: states go out every fourth batch, with the messages they cover.
     import json
 
     from ncclwatch.detectors.messages import Message
@@ -345,13 +357,13 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     def verdicts(out):
         return [encode_verdict(v) for v in out.events]
 
-    core, kinds = _key_stage_core(lambda key: None, hold_ranks)
+    core, kinds = _key_stage_core(lambda key: None, hold_ranks, save_every_s)
     whole = [v for b in batches for v in verdicts(core.handle(b, kinds))]
     assert len(whole) > 100 and any(decode_verdict(v).fired for v in whole)
 
     for cut in (len(batches) // 3, len(batches) // 2, len(batches) * 4 // 5):
         table: dict[str, dict] = {}
-        core, kinds = _key_stage_core(table.get, hold_ranks)
+        core, kinds = _key_stage_core(table.get, hold_ranks, save_every_s)
         before, done = [], set()
         for b in batches[:cut]:
             out = core.handle(b, kinds)
@@ -366,9 +378,9 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         if hold_ranks is not None:
             assert held > 0  # messages of open groups were not acknowledged
             assert all('"pending": [[' not in json.dumps(s) for s in table.values())  # nor saved
-        else:
+        elif save_every_s == 0:
             assert held == 0
-        core, kinds = _key_stage_core(table.get, hold_ranks)
+        core, kinds = _key_stage_core(table.get, hold_ranks, save_every_s)
         again = [m for m in messages if m.offset >= committed[m.partition]]
         after = [v for i in range(0, len(again), batch) for v in verdicts(core.handle(again[i:i + batch], kinds))]
         # the same verdicts, each key's in the same order (keys interleave by arrival)
