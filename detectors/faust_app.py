@@ -200,6 +200,9 @@ def ensure_topics(cfg: Config, app_id: str, stage: str = "all") -> None:
         must_match = [names[k] for k in (*input_keys(stage), "changelog")]
         for desc in _describe(admin, must_match):
             got = len(desc["partitions"])
+            if got == 0:
+                raise SystemExit(f"ncclwatch worker: topic {desc['name']} still has no partitions after "
+                                 "30 s: the broker is creating it slowly or failed to; start again")
             if got != n:
                 raise SystemExit(
                     f"ncclwatch worker: topic {desc['name']} has {got} partitions, config "
@@ -227,8 +230,10 @@ def _ensure_topics_or_exit(cfg: Config, app_id: str, stage: str = "all") -> None
                              "brokers are up") from None
 
 
-def _describe(admin: Any, names: list[str], timeout_s: float = 10.0) -> list[dict]:
-    """Topic descriptions once the metadata of freshly created topics has spread."""
+def _describe(admin: Any, names: list[str], timeout_s: float = 30.0) -> list[dict]:
+    """Topic descriptions once the metadata of freshly created topics has spread (a
+    topic another worker is creating has no partitions yet: seen for over 10 s on a
+    loaded broker when several workers start at once)."""
     deadline = time.monotonic() + timeout_s
     while True:
         descs = admin.describe_topics(names)

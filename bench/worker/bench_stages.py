@@ -23,10 +23,11 @@ the clock starts:
 The anomaly events of every run are compared with the first run's and with the
 library's two stages run in this process on the same records (``stages.run_two_stages``,
 whose CPU time is the library's rate beside the workers'). Runs of different worker
-counts alternate within each repeat, so the machine's noise spreads over all of them. ::
+counts (and ``--save-every-s`` values, passed to the workers) alternate within each
+repeat, so the machine's noise spreads over all of them. ::
 
     .venv/bin/python bench/worker/bench_stages.py --nodes 2048 --gpus 8 --seconds 20 \\
-        --workers 1,2,4 --repeats 2
+        --workers 1,2,4 --repeats 2 [--save-every-s 0,1.0]
 """
 
 from __future__ import annotations
@@ -121,12 +122,12 @@ class Offsets:
         self.consumer.close()
 
 
-def start_worker(env: dict, app_id: str, stage: str, logs: Path) -> tuple[subprocess.Popen, Path]:
+def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float) -> tuple[subprocess.Popen, Path]:
     log_path = Path(tempfile.mkstemp(prefix=f"bench-stages-{stage}-", suffix=".log", dir=logs)[1])
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ncclwatch.cli", "worker", "--stage", stage, "--app-id", app_id,
-             "--metrics-port", "-1"],
+             "--metrics-port", "-1", "--save-every-s", str(save_every_s)],
             env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
     return proc, log_path
@@ -144,12 +145,13 @@ def read_events(bootstrap: str, topic: str) -> list[tuple]:
     return sorted((e["type"], e["state"], e.get("host"), e["start_ns"]) for e in out)
 
 
-def one_run(bootstrap: str, partitions: int, workers: int, messages: list, windows: int, args, logs: Path) -> dict:
+def one_run(bootstrap: str, partitions: int, workers: int, save_every_s: float, messages: list, windows: int,
+            args, logs: Path) -> dict:
     env = {**env_for(bootstrap, testing.unique_name("bs"), partitions), "NCCLWATCH_TOPICS_WINDOW_KEY": "comm"}
     cfg = config.load(None, environ=env)
     keys_id, jobs_id = testing.unique_name("bench-keys"), testing.unique_name("bench-jobs")
-    procs = [start_worker(env, keys_id, "keys", logs) for _ in range(workers)]
-    procs.append(start_worker(env, jobs_id, "jobs", logs))
+    procs = [start_worker(env, keys_id, "keys", logs, save_every_s) for _ in range(workers)]
+    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s))
     offsets = Offsets(bootstrap)
     try:
         deadline = time.monotonic() + args.timeout_s
@@ -200,7 +202,7 @@ def one_run(bootstrap: str, partitions: int, workers: int, messages: list, windo
             p.wait(timeout=60)
     exits = [log.read_text().strip().splitlines()[-1][:300] for _, log in procs]
     return {
-        "workers": workers, "publish_s": round(t_pub, 2), "key_stage_s": round(t_keys, 2),
+        "workers": workers, "save_every_s": save_every_s, "publish_s": round(t_pub, 2), "key_stage_s": round(t_keys, 2),
         "windows_per_s": round(windows / t_keys), "key_cpu_s": round(key_cpu, 2),
         "windows_per_cpu_s": round(windows / key_cpu), "job_stage_done_s": round(t_job, 2),
         "job_cpu_s": round(job_cpu, 2), "events": events, "exit_lines": exits,
@@ -216,11 +218,14 @@ def main() -> int:
     ap.add_argument("--windows-per-message", type=int, default=50)
     ap.add_argument("--workers", default="1,2,4", help="key worker counts, comma-separated")
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--save-every-s", default="1.0", help="the workers' --save-every-s, comma-separated: side by side")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settle-s", type=float, default=6.0)
     ap.add_argument("--timeout-s", type=float, default=900)
     args = ap.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
+    saves = [float(x) for x in args.save_every_s.split(",")]
+    sides = [(n, save) for save in saves for n in counts]
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     print(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                       "cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -239,30 +244,33 @@ def main() -> int:
                       "library_events": want}), flush=True)
     del records
     gc.collect()
-    runs: dict[int, list[dict]] = {n: [] for n in counts}
+    runs: dict[tuple[int, float], list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="bench-stages-") as logs:
         for i in range(args.repeats):
-            for n in counts if i % 2 == 0 else counts[::-1]:
-                r = one_run(bootstrap, args.partitions, n, messages, windows, args, Path(logs))
+            for n, save in sides if i % 2 == 0 else sides[::-1]:
+                r = one_run(bootstrap, args.partitions, n, save, messages, windows, args, Path(logs))
                 # the library flushes open groups at its end, a worker never does: firing ones
                 r["events_as_library"] = [e for e in r["events"] if e[1] == "firing"] == [
                     e for e in want if e[1] == "firing"]
-                runs[n].append(r)
+                runs[(n, save)].append(r)
                 print(json.dumps(r), flush=True)
-    base = statistics.median(r["windows_per_s"] for r in runs[counts[0]])
-    for n in counts:
-        rs = runs[n]
-        rate = statistics.median(r["windows_per_s"] for r in rs)
-        print(json.dumps({
-            "workers": n, "windows_per_s": [r["windows_per_s"] for r in rs], "median": round(rate),
-            "speedup": round(rate / base, 2), "of_linear": round(rate / base / (n / counts[0]), 2),
-            "windows_per_cpu_s": [r["windows_per_cpu_s"] for r in rs],
-            "of_library_per_cpu_s": round(statistics.median(r["windows_per_cpu_s"] for r in rs)
-                                          / (windows / library_cpu), 2),
-            "job_cpu_s": [r["job_cpu_s"] for r in rs],
-            "events_same_as_library": all(r["events_as_library"] for r in rs),
-            "events_same_across_runs": all(r["events"] == runs[counts[0]][0]["events"] for r in rs),
-        }), flush=True)
+    first = runs[sides[0]][0]["events"]
+    for save in saves:
+        base = statistics.median(r["windows_per_s"] for r in runs[(counts[0], save)])
+        for n in counts:
+            rs = runs[(n, save)]
+            rate = statistics.median(r["windows_per_s"] for r in rs)
+            print(json.dumps({
+                "workers": n, "save_every_s": save, "windows_per_s": [r["windows_per_s"] for r in rs],
+                "median": round(rate), "speedup": round(rate / base, 2),
+                "of_linear": round(rate / base / (n / counts[0]), 2),
+                "windows_per_cpu_s": [r["windows_per_cpu_s"] for r in rs],
+                "of_library_per_cpu_s": round(statistics.median(r["windows_per_cpu_s"] for r in rs)
+                                              / (windows / library_cpu), 2),
+                "job_cpu_s": [r["job_cpu_s"] for r in rs],
+                "events_same_as_library": all(r["events_as_library"] for r in rs),
+                "events_same_across_runs": all(r["events"] == first for r in rs),
+            }), flush=True)
     return 0
 
 
