@@ -430,16 +430,15 @@ class KeyDetectors:
     forgotten (``evicted``: their saved state is deleted too).
     """
 
-    # Communicators of this many ranks or more hold their open groups' windows out of
-    # their saved state (KeyStage's ``hold_ranks``): a window's message is done once its
-    # group closed. Below, a group's windows are state and a message is done once read.
-    HOLD_RANKS = 256
-
     def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0,
-                 hold_ranks: int | None = HOLD_RANKS):
+                 hold_ranks: int | None = -1):
         self.cfg = cfg
         self.model = model if model is not None else load_model(cfg)
-        self.hold_ranks = hold_ranks
+        # Communicators of ``hold_ranks`` ranks or more (-1: ``cfg.key_hold_ranks``; None:
+        # none) hold their open groups' windows out of their saved state (KeyStage's
+        # ``hold_ranks``): a window's message is done once its group closed. Below, a
+        # group's windows are state and a message is done once read.
+        self.hold_ranks = cfg.key_hold_ranks if hold_ranks == -1 else hold_ranks
         self.holds_records = hold_ranks is not None
         self.released_tags: list[Any] = []  # every partition's stage appends here
         self.stages: dict[int, KeyStage] = {}

@@ -220,6 +220,10 @@ class DetectorConfig:
     # and at most once a forwarder is seen lagging.
     lateness_windows: int = 2
     max_lateness_windows: int = 8
+    # `worker --stage keys`: a communicator of this many ranks or more keeps its open
+    # groups' windows out of its saved state (a 16,384-rank group is ~13 MB of JSON, past
+    # a Kafka message), acknowledging a window's message once its group closed.
+    key_hold_ranks: int = 256
     job_evict_s: float = 3600.0  # a job silent this long (in stream time) is forgotten
     model_path: str = ""  # scikit-learn cold-start model from `ncclwatch fit`
     state_path: str = ""  # where `ncclwatch watch` persists baselines
