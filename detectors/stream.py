@@ -439,7 +439,7 @@ class KeyDetectors:
         # ``hold_ranks``): a window's message is done once its group closed. Below, a
         # group's windows are state and a message is done once read.
         self.hold_ranks = cfg.key_hold_ranks if hold_ranks == -1 else hold_ranks
-        self.holds_records = hold_ranks is not None
+        self.holds_records = self.hold_ranks is not None
         self.released_tags: list[Any] = []  # every partition's stage appends here
         self.stages: dict[int, KeyStage] = {}
         self.pipelines: dict[str, int] = {}  # communicator -> its partition (StreamCore's cache test)
