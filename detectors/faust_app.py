@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ncclwatch.detectors import faust_transport
 from ncclwatch.detectors.keys import encode_mark, encode_verdict
 from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
 from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, KeyDetectors, StreamCore
@@ -302,6 +303,11 @@ class ReadOrder:
     - ``wait``: a hole with a seek under way: dropped. A seek that brought nothing
       after ``RESEEK_AFTER_S`` is made again.
 
+    A hole at a partition's end shows no message after it: a partition behind its end
+    offset that brought nothing for ``STALL_AFTER_S`` is :meth:`stalled`, and sought
+    back like a hole (seen: the last messages of a partition fetched just before a
+    rebalance, dropped as from before it, and never sent again).
+
     >>> order = ReadOrder()
     >>> order.start({"p": 5, "q": None})
     >>> [order.admit("p", o, now=0.0) for o in (4, 5, 8, 9)]
@@ -318,20 +324,47 @@ class ReadOrder:
     >>> order.seeked("p", now=2.0)
     >>> [order.admit("p", 12, now=t) for t in (3.0, 5.0, 5.1)]  # the seek brought nothing
     ['wait', 'seek', 'wait']
+    >>> order.start({"p": 5, "q": 7}, now=10.0)
+    >>> order.stalled({"p": 9, "q": 7}, now=12.0), order.stalled({"p": 9, "q": 7}, now=15.5)
+    ([], ['p'])
+    >>> order.due(15.5)  # due at once: nothing of it is in hand
+    ['p']
+    >>> order.seeked("p", now=15.5)
+    >>> order.stalled({"p": 9}, now=18.0), order.stalled({"p": 9}, now=21.0)  # it brought nothing
+    ([], ['p'])
     """
 
     PAUSE_S = 0.3  # between pausing a partition and seeking it: what Faust had in hand goes
     RESEEK_AFTER_S = 2.5
+    STALL_AFTER_S = 5.0
 
     def __init__(self) -> None:
         self._next: dict[Any, int | None] = {}
         self._holes: dict[Any, tuple[bool, float]] = {}  # tp -> (seeked yet, since when)
+        self._moved: dict[Any, float] = {}  # tp -> when it last took a message (or started)
 
-    def start(self, offsets: dict[Any, int | None]) -> None:
+    def start(self, offsets: dict[Any, int | None], now: float = 0.0) -> None:
         """Begin each partition at its committed offset (None: at what comes first, where
         the log's start is not known)."""
         self._next = dict(offsets)
         self._holes.clear()
+        self._moved = dict.fromkeys(offsets, now)
+
+    def stalled(self, ends: dict[Any, int | None], now: float) -> list[Any]:
+        """Partitions behind their end offset in ``ends`` that took nothing for
+        ``STALL_AFTER_S``: each becomes a hole, due to be sought back at once."""
+        out = []
+        for tp, end in ends.items():
+            want, hole = self._next.get(tp), self._holes.get(tp)
+            if want is None or end is None or want >= end or (hole is not None and not hole[0]):
+                continue  # read to its end, or a seek is due already
+            since = self._moved.get(tp, now)
+            if hole is not None:  # sought back: waits for what the seek brings
+                since = max(since, hole[1])
+            if now - since >= self.STALL_AFTER_S:
+                self._holes[tp] = (False, now - self.PAUSE_S)
+                out.append(tp)
+        return out
 
     def next_offset(self, tp: Any) -> int | None:
         return self._next.get(tp)
@@ -345,6 +378,7 @@ class ReadOrder:
         if want is None or offset == want:
             self._next[tp] = offset + 1
             self._holes.pop(tp, None)
+            self._moved[tp] = now
             return "take"
         if offset < want:
             return "copy"
@@ -415,7 +449,8 @@ class Worker:
         self.app = app = faust.App(
             app_id,
             **({"datadir": datadir} if datadir else {}),
-            broker=[f"kafka://{b}" for b in cfg.kafka.bootstrap_servers.split(",")],
+            # Faust's Kafka transport with two fixes (faust_transport.py)
+            broker=[f"{faust_transport.SCHEME}://{b}" for b in cfg.kafka.bootstrap_servers.split(",")],
             broker_credentials=broker_credentials(cfg.kafka),
             broker_client_id=cfg.kafka.client_id,
             store="memory://",
@@ -623,7 +658,7 @@ class Worker:
                 start.update(await consumer.earliest_offsets(*never))
             if rebalances != self._rebalances or not self._ready():
                 return []
-            self.order.start(start)
+            self.order.start(start, time.monotonic())
             self._order_from = rebalances
         order, now = self.order, time.monotonic()
         taken, holes = [], set()
@@ -658,6 +693,7 @@ class Worker:
                 log.warning("offsets %d..%d of %s[%d] are gone from the broker's log (retention): going on "
                             "from %d", want, first - 1, tp.topic, tp.partition, first)
                 self.order.skip_to(tp, first)
+                await consumer.skip_gone(tp, want, first - 1)
                 self.stats.holes_gone += 1
                 want = first
             seeks[tp] = want
@@ -694,6 +730,14 @@ class Worker:
             self._executor.submit(self.sink.tick)
         self._check_producer()
         self._progress_idle_inputs()
+        if self._ready() and self._order_from == self._rebalances:
+            consumer = self.app.consumer
+            ends = {tp: self._end(consumer, tp) for tp in consumer.assignment() if tp.topic in self.inputs}
+            stalled = self.order.stalled(ends, time.monotonic())
+            if stalled:
+                log.info("input partitions behind their end, taking nothing: %s",
+                         [f"{tp.topic}[{tp.partition}]" for tp in stalled])
+                consumer.pause_partitions(_faust_tps(stalled))
         if self._ready() and self.order.due(time.monotonic()):
             async with self._lock:
                 await self._seek_back()
@@ -942,44 +986,6 @@ class GroupCommits:
             self._offsets.close()
 
 
-UNPOSITIONED_GRACE_S = 60.0
-
-
-def _tolerate_unpositioned_partitions() -> None:
-    """Work around faust-streaming 0.15.3's livelock detector crashing a starting worker.
-
-    Every ``2.5 × broker_commit_interval`` it reads aiokafka's position of each assigned
-    partition; one assigned but not positioned yet (just after a rebalance, while the
-    table recovers) fails aiokafka's ``assert self._position is not None`` and Faust
-    crashes the worker. That is a start-up that is merely slow, so it is given
-    ``UNPOSITIONED_GRACE_S``; a partition still without a position after that is a
-    worker that will never read it, and the assertion crashes it as before (exit 1, for
-    a supervisor to restart it).
-    """
-    from faust.transport.drivers import aiokafka as faust_aiokafka
-
-    cls = faust_aiokafka.AIOKafkaConsumerThread
-    original = cls.verify_event_path
-    if getattr(original, "_ncclwatch_tolerant", False):
-        return
-    first_seen: dict[Any, float] = {}
-
-    def verify_event_path(self: Any, now: float, tp: Any) -> None:
-        try:
-            result = original(self, now, tp)
-        except AssertionError:
-            since = first_seen.setdefault(tp, time.monotonic())
-            if time.monotonic() - since > UNPOSITIONED_GRACE_S:
-                log.error("partition %s assigned %.0f s ago and never positioned", tp, time.monotonic() - since)
-                raise
-            return None
-        first_seen.pop(tp, None)
-        return result
-
-    verify_event_path._ncclwatch_tolerant = True  # type: ignore[attr-defined]
-    cls.verify_event_path = verify_event_path
-
-
 class DrainWatch:
     """``--until-caught-up``: looks at the group's committed offsets once a second (off the
     event loop) and stops the worker as a SIGTERM would once they reach the end offsets
@@ -1025,8 +1031,6 @@ class DrainWatch:
 
 def run(args: argparse.Namespace, cfg: Config) -> int:
     import faust
-
-    _tolerate_unpositioned_partitions()
 
     stage = getattr(args, "stage", "all")
     check_stage(cfg, stage)

@@ -273,7 +273,11 @@ class WorkerProcess:
             time.sleep(0.2)
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
+        """The log's tail, for assertion messages."""
+        return self.full_output()[-5000:]
+
+    def full_output(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def kill(self) -> None:
         """SIGKILL: no goodbye, no last commit, no flush."""

@@ -9,6 +9,7 @@ so does a held window taken for saved (``detector.key_hold_ranks``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from drivers_support import (
     scenario_records,
     staged_reference_events,
     topics_env,
+    wait_consumed,
 )
 from ncclwatch.detectors.drain import KafkaOffsets
 from ncclwatch.detectors.messages import STAGE_KINDS, Message, decode_message
@@ -53,7 +55,11 @@ def staged_run(kafka_bootstrap, tmp_path_factory):
         workers.insert(1, WorkerProcess(env, keys_id, logs, "--stage", "keys").start())
         expected = staged_reference_events(env, records)
         events = read_events(env, min_count=len(expected), idle_s=3.0, timeout_s=180)
-        assignments = [w.output().count("assigned") for w in workers[:2]]  # before stopping
+        assignments = [w.full_output().count("assigned") for w in workers[:2]]  # before stopping
+        # Acknowledgements follow a window's group closing and the next save (at most once
+        # a second): wait for them before stopping; a test below asserts they came.
+        with contextlib.suppress(TimeoutError):
+            wait_consumed(env, keys_id, [config_of(env).topics.windows], timeout_s=60)
     finally:
         rcs = [w.stop() for w in workers]
     cfg = config_of(env)
