@@ -54,7 +54,7 @@ from typing import Any
 from ncclwatch.detectors import faust_transport
 from ncclwatch.detectors.keys import encode_mark, encode_verdict
 from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
-from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, KeyDetectors, StreamCore
+from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, KeyDetectors, StreamCore, collect_less_often
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
@@ -1051,6 +1051,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         from ncclwatch.alerting.sink import AlertSink
 
         w.sink = AlertSink.from_config(cfg.alerting)
+    collect_less_often()
     worker = faust.Worker(w.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)
     worker.spinner = None  # it writes terminal escapes even into pipes
     try:

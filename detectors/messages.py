@@ -74,7 +74,28 @@ def decode_message(
     msg: Message, allowed: tuple[type, ...], *, line: bytes | None = None, key_of: Any = None
 ) -> Any:
     """The message's record (or that of ``line`` of it), or a :class:`Quarantined` saying
-    why it is not usable here.
+    why it is not usable here: :func:`decode_records` for one line.
+
+    >>> line = (b'{"v":1,"kind":"throughput","job":"j","host":"h","rank":0,"ts_ns":1,"step":3,'
+    ...         b'"tflops_per_gpu":310.2,"tokens_per_s":null,"source":"api"}')
+    >>> decode_message(Message("job.throughput", 0, 7, b"j", line), DETECTOR_KINDS).step
+    3
+    >>> decode_message(Message("nccl.windows", 0, 7, b"j", line), (WindowSummary,)).detail
+    'a throughput record does not belong on nccl.windows (window)'
+    >>> decode_message(Message("job.throughput", 0, 7, b"k", line), DETECTOR_KINDS).reason
+    'schema'
+    """
+    if line is not None:
+        msg = Message(msg.topic, msg.partition, msg.offset, msg.key, line, msg.timestamp_ms)
+    return decode_records(msg, allowed, key_of=key_of)[0]
+
+
+_KIND_SETS: dict[tuple[type, ...], frozenset[str]] = {}
+
+
+def decode_records(msg: Message, allowed: tuple[type, ...], *, key_of: Any = None) -> list[Any]:
+    """Each line's record, or a :class:`Quarantined` saying why that line is not usable
+    here (a message without a value: one, for the tombstone).
 
     Besides the record contract, a topic has its own: only some kinds belong on it, and
     its key is the record's job, which is what puts a whole job on one partition (a
@@ -86,33 +107,45 @@ def decode_message(
     topic (``allowed`` is ``STAGE_KINDS``) lines are verdicts and marks.
 
     ``key_of(record)`` is the key the record's message must have (default: its job;
-    the key stage's windows: ``<job>|<comm>``).
+    the key stage's windows: ``<job>|<comm>``). One pass over the message: this runs
+    once per record of every input, the worker's hottest loop.
     """
-    raw = msg.value if line is None else line
-    if raw is None:
-        return dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")
+    value = msg.value
+    if value is None:
+        return [dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")]
+    lines = message_lines(value)
     if allowed is STAGE_KINDS:
-        try:
-            rec = decode_stage_line(raw)
-        except ValueError as e:
-            return dead_letter(msg, "parse", "schema", str(e), raw)
+        recs = []
+        for raw in lines:
+            try:
+                recs.append(decode_stage_line(raw))
+            except ValueError as e:
+                recs.append(dead_letter(msg, "parse", "schema", str(e), raw))
     else:
-        rec = parse(raw, source=f"kafka:{msg.topic}/{msg.partition}", offset=msg.offset)
-    if type(rec) is Quarantined:
-        return rec
-    if not any(rec.KIND == c.KIND for c in allowed):
-        kinds = ", ".join(sorted(c.KIND for c in allowed))
-        detail = f"a {rec.KIND} record does not belong on {msg.topic} ({kinds})"
-        return dead_letter(msg, "schema", "schema", detail, raw)
-    if msg.key is not None:
-        want = rec.job if key_of is None else key_of(rec)
-        if msg.key != want.encode("utf-8"):
-            return dead_letter(
-                msg,
-                "schema",
-                "schema",
-                f"message key {msg.key[:200]!r} is not the record's {'job' if key_of is None else 'key'} {want!r}: "
-                "its state would be split across partitions",
-                raw,
-            )
-    return rec
+        source, offset = f"kafka:{msg.topic}/{msg.partition}", msg.offset
+        recs = [parse(raw, source, offset) for raw in lines]
+    kinds = _KIND_SETS.get(allowed)
+    if kinds is None:
+        kinds = _KIND_SETS[allowed] = frozenset(c.KIND for c in allowed)
+    key = msg.key
+    # str to str: the key is valid UTF-8 exactly when it can equal a record's key
+    skey = None if key is None else key.decode("utf-8", "surrogateescape")
+    for i, rec in enumerate(recs):
+        if type(rec) is Quarantined:
+            continue
+        if rec.KIND not in kinds:
+            names = ", ".join(sorted(kinds))
+            detail = f"a {rec.KIND} record does not belong on {msg.topic} ({names})"
+            recs[i] = dead_letter(msg, "schema", "schema", detail, lines[i])
+        elif skey is not None:
+            want = rec.job if key_of is None else key_of(rec)
+            if want != skey:
+                recs[i] = dead_letter(
+                    msg,
+                    "schema",
+                    "schema",
+                    f"message key {key[:200]!r} is not the record's {'job' if key_of is None else 'key'} "
+                    f"{want!r}: its state would be split across partitions",
+                    lines[i],
+                )
+    return recs

@@ -24,15 +24,18 @@ The anomaly events of every run are compared with the first run's and with the
 library's two stages run in this process on the same records (``stages.run_two_stages``,
 whose CPU time is the library's rate beside the workers'). Runs of different worker
 counts (and ``--save-every-s`` values, passed to the workers) alternate within each
-repeat, so the machine's noise spreads over all of them. ::
+repeat, so the machine's noise spreads over all of them. ``--old COMMIT`` runs every
+configuration with that commit's workers too (``git worktree`` + ``bench/ab.py``'s
+import shim, as ``bench_worker.py --old``), alternating with the working tree's. ::
 
     .venv/bin/python bench/worker/bench_stages.py --nodes 2048 --gpus 8 --seconds 20 \\
-        --workers 1,2,4 --repeats 2 [--save-every-s 0,1.0]
+        --workers 1,2,4 --repeats 2 [--save-every-s 0,1.0] [--old COMMIT]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -45,7 +48,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench_worker import cpu_model, env_for, proc_cpu_s
+from bench_worker import CHILD, cpu_model, env_for, old_tree, proc_cpu_s
 from ncclwatch_testkit import scenarios, stages
 from ncclwatch_testkit import services as testing
 
@@ -122,11 +125,13 @@ class Offsets:
         self.consumer.close()
 
 
-def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float) -> tuple[subprocess.Popen, Path]:
+def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float,
+                 shim: str = "") -> tuple[subprocess.Popen, Path]:
     log_path = Path(tempfile.mkstemp(prefix=f"bench-stages-{stage}-", suffix=".log", dir=logs)[1])
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ncclwatch.cli", "worker", "--stage", stage, "--app-id", app_id,
+            [sys.executable, *(["-c", CHILD, shim] if shim else ["-m", "ncclwatch.cli"]),
+             "worker", "--stage", stage, "--app-id", app_id,
              "--metrics-port", "-1", "--save-every-s", str(save_every_s)],
             env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
@@ -146,12 +151,12 @@ def read_events(bootstrap: str, topic: str) -> list[tuple]:
 
 
 def one_run(bootstrap: str, partitions: int, workers: int, save_every_s: float, messages: list, windows: int,
-            args, logs: Path) -> dict:
+            args, logs: Path, shim: str = "") -> dict:
     env = {**env_for(bootstrap, testing.unique_name("bs"), partitions), "NCCLWATCH_TOPICS_WINDOW_KEY": "comm"}
     cfg = config.load(None, environ=env)
     keys_id, jobs_id = testing.unique_name("bench-keys"), testing.unique_name("bench-jobs")
-    procs = [start_worker(env, keys_id, "keys", logs, save_every_s) for _ in range(workers)]
-    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s))
+    procs = [start_worker(env, keys_id, "keys", logs, save_every_s, shim) for _ in range(workers)]
+    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s, shim))
     offsets = Offsets(bootstrap)
     try:
         deadline = time.monotonic() + args.timeout_s
@@ -222,10 +227,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settle-s", type=float, default=6.0)
     ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--old", default="", help="also run this commit's workers, side by side")
     args = ap.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
     saves = [float(x) for x in args.save_every_s.split(",")]
-    sides = [(n, save) for save in saves for n in counts]
+    trees = ["new", "old"] if args.old else ["new"]
+    sides = [(tree, n, save) for save in saves for n in counts for tree in trees]
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
     print(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                       "cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -244,27 +251,31 @@ def main() -> int:
                       "library_events": want}), flush=True)
     del records
     gc.collect()
-    runs: dict[tuple[int, float], list[dict]] = {side: [] for side in sides}
-    with tempfile.TemporaryDirectory(prefix="bench-stages-") as logs:
+    runs: dict[tuple[str, int, float], list[dict]] = {side: [] for side in sides}
+    with tempfile.TemporaryDirectory(prefix="bench-stages-") as logs, contextlib.ExitStack() as stack:
+        shims = {"new": "", "old": str(old_tree(args.old, stack)) if args.old else ""}
         for i in range(args.repeats):
-            for n, save in sides if i % 2 == 0 else sides[::-1]:
-                r = one_run(bootstrap, args.partitions, n, save, messages, windows, args, Path(logs))
+            for tree, n, save in sides if i % 2 == 0 else sides[::-1]:
+                r = one_run(bootstrap, args.partitions, n, save, messages, windows, args, Path(logs), shims[tree])
+                r["tree"] = args.old if tree == "old" else "working tree"
                 # the library flushes open groups at its end, a worker never does: firing ones
                 r["events_as_library"] = [e for e in r["events"] if e[1] == "firing"] == [
                     e for e in want if e[1] == "firing"]
-                runs[(n, save)].append(r)
+                runs[(tree, n, save)].append(r)
                 print(json.dumps(r), flush=True)
     first = runs[sides[0]][0]["events"]
-    for save in saves:
-        base = statistics.median(r["windows_per_s"] for r in runs[(counts[0], save)])
+    for tree, save in [(tree, save) for save in saves for tree in trees]:
+        base = statistics.median(r["windows_per_s"] for r in runs[(tree, counts[0], save)])
         for n in counts:
-            rs = runs[(n, save)]
+            rs = runs[(tree, n, save)]
             rate = statistics.median(r["windows_per_s"] for r in rs)
             print(json.dumps({
-                "workers": n, "save_every_s": save, "windows_per_s": [r["windows_per_s"] for r in rs],
+                "tree": rs[0]["tree"], "workers": n, "save_every_s": save,
+                "windows_per_s": [r["windows_per_s"] for r in rs],
                 "median": round(rate), "speedup": round(rate / base, 2),
                 "of_linear": round(rate / base / (n / counts[0]), 2),
                 "windows_per_cpu_s": [r["windows_per_cpu_s"] for r in rs],
+                "windows_per_cpu_s_median": round(statistics.median(r["windows_per_cpu_s"] for r in rs)),
                 "of_library_per_cpu_s": round(statistics.median(r["windows_per_cpu_s"] for r in rs)
                                               / (windows / library_cpu), 2),
                 "job_cpu_s": [r["job_cpu_s"] for r in rs],
