@@ -304,9 +304,11 @@ class ReadOrder:
       after ``RESEEK_AFTER_S`` is made again.
 
     A hole at a partition's end shows no message after it: a partition behind its end
-    offset that brought nothing for ``STALL_AFTER_S`` is :meth:`stalled`, and sought
-    back like a hole (seen: the last messages of a partition fetched just before a
-    rebalance, dropped as from before it, and never sent again).
+    offset is :meth:`stalled` once no partition brought anything for ``STALL_AFTER_S``,
+    and sought back like a hole (seen: the last messages of a partition fetched just
+    before a rebalance, dropped as from before it, and never sent again). Only while
+    nothing at all comes: a worker with a backlog takes some partitions late, and
+    seeking those would drop what Faust holds of them.
 
     >>> order = ReadOrder()
     >>> order.start({"p": 5, "q": None})
@@ -332,6 +334,11 @@ class ReadOrder:
     >>> order.seeked("p", now=15.5)
     >>> order.stalled({"p": 9}, now=18.0), order.stalled({"p": 9}, now=21.0)  # it brought nothing
     ([], ['p'])
+    >>> order.start({"p": 5, "q": 7}, now=30.0)
+    >>> order.admit("q", 7, now=34.0)
+    'take'
+    >>> order.stalled({"p": 9, "q": 9}, now=36.0), order.stalled({"p": 9, "q": 9}, now=39.5)
+    ([], ['p', 'q'])
     """
 
     PAUSE_S = 0.3  # between pausing a partition and seeking it: what Faust had in hand goes
@@ -353,7 +360,9 @@ class ReadOrder:
     def stalled(self, ends: dict[Any, int | None], now: float) -> list[Any]:
         """Partitions behind their end offset in ``ends`` that took nothing for
         ``STALL_AFTER_S``: each becomes a hole, due to be sought back at once."""
-        out = []
+        out: list[Any] = []
+        if self._moved and now - max(self._moved.values()) < self.STALL_AFTER_S:
+            return out  # messages are coming: a hole, if any, shows itself
         for tp, end in ends.items():
             want, hole = self._next.get(tp), self._holes.get(tp)
             if want is None or end is None or want >= end or (hole is not None and not hole[0]):

@@ -650,21 +650,32 @@ class TimeMerge:
         self._changed = False
         self._recheck_at = float("inf")
         out: list[Any] = []
+        append = out.append
         for tps in self._groups.values():
             live, stuck = self._bound(tps, now)
-            while True:
-                heads = [(q[0][0], q[0][1], i) for i, tp in enumerate(tps) if (q := self._queues[tp])]
+            queues = [self._queues[tp] for tp in tps]
+            going = True
+            while going:
+                heads = sorted((q[0][0], q[0][1], i) for i, q in enumerate(queues) if q)
                 if not heads:
                     break
-                t, _, i = min(heads)
-                if t > live and self.held <= self.max_held:
-                    break
-                if t > stuck:
-                    self.forced += 1
-                tp = tps[i]
-                q = self._queues[tp]
-                out.append(q.popleft()[2])
-                self.held -= 1
+                i = heads[0][2]
+                runner_up = heads[1] if len(heads) > 1 else None
+                q, tp = queues[i], tps[i]
+                # Take from the earliest queue while it stays the earliest: the other
+                # heads do not change meanwhile (one sort per run, not per record).
+                while q:
+                    t, rank, item = q[0]
+                    if runner_up is not None and (t, rank, i) > runner_up:
+                        break
+                    if t > live and self.held <= self.max_held:
+                        going = False
+                        break
+                    if t > stuck:
+                        self.forced += 1
+                    q.popleft()
+                    append(item)
+                    self.held -= 1
                 if not q and self._behind.get(tp):
                     # drained but behind: its next message may be as early as its last
                     live = min(live, self._last_t[tp])
