@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 POLL_IDLE_S = 0.2
 POLL_MAX_LINES = 5000
+_BAR_STEP = 1000  # records between progress-bar updates on a replay
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,26 +176,37 @@ class Watch:
             self.quarantined += 1
             return
         kind = record.KIND
-        if kind not in self.counts:
+        counts = self.counts
+        if kind not in counts:
             return  # anomaly records in a recording are output, not input
-        self.counts[kind] += 1
-        t = record_time_ns(record)
-        self.stream_ns = max(self.stream_ns, t)
+        counts[kind] += 1
         merge = self._merge
         if kind == "op":  # the windower takes the fast parser's structs as they are
-            stream = (record.job, record.host, record.pid)
+            t = record.start_ns + record.exec_ns  # record_time_ns of an op, once per op
+            if t > self.stream_ns:
+                self.stream_ns = t
             windower = self.inspector_windower if record.timing == "inspector" else self.windower
-            for w in windower.add(record):
-                self.windows_made += 1
-                merge.add(stream, 0, w.end_ns, w, 0)
+            windows = windower.add(record)
+            stream = (record.job, record.host, record.pid)
+            if windows:
+                self.windows_made += len(windows)
+                for w in windows:
+                    merge.add(stream, 0, w.end_ns, w, 0)
             if stream not in self._streams:
                 self._streams.add(stream)
                 merge.expect(stream, 0)  # nothing may pass a process not windowed yet
-            merge.progress(stream, True)  # a live process always has a window open
+                # A live process always has a window open: it stays behind (until flush,
+                # which forgets the streams), so telling the merge once is enough.
+                merge.progress(stream, True)
         else:
+            t = record_time_ns(record)
+            if t > self.stream_ns:
+                self.stream_ns = t
             merge.add("records", 0, t, to_record(record), KIND_ORDER.get(kind, 3))
-        for rec in merge.release():
-            self.emit(self.detectors.process(rec))
+        released = merge.release()  # every record: the merge's clock may free held windows
+        if released:
+            for rec in released:
+                self.emit(self.detectors.process(rec))
 
     def flush(self) -> None:
         """End of input: close the open windows and the detectors' incomplete groups."""
@@ -450,18 +462,27 @@ def _replay(watch: Watch, source: Path, recording: SortedRecording, args: argpar
     pacer = Pacer(speed, sleep=stop.sleep)
     status_due = _every(args.status_every_s)
     tick_due = _every(1.0)
+    # What runs once per record is only what must: no pacing at full speed, no status
+    # clock without status lines, no alert tick without a sink, the bar moved in steps.
+    paced, status, sink, feed = speed != 0, args.status_every_s > 0, watch.sink, watch.feed
     with progress.bar(recording.total, "watch: replaying", enabled=False if args.no_progress else None) as bar:
-        for _, _, _, rec in recording:
+        unbarred = 0
+        for rec in recording.records():
             if stop.requested:
                 break
-            pacer.wait(record_time_ns(rec))
-            watch.feed(rec)
-            bar.update(1)
-            if status_due():
+            if paced:
+                pacer.wait(record_time_ns(rec))
+            feed(rec)
+            unbarred += 1
+            if unbarred == _BAR_STEP:
+                bar.update(unbarred)
+                unbarred = 0
+            if status and status_due():
                 for line in watch.status_lines():
                     progress.write(line, file=watch.out)
-            if watch.sink is not None and tick_due():
-                watch.sink.tick()
+            if sink is not None and tick_due():
+                sink.tick()
+        bar.update(unbarred)
     watch.flush()
 
 

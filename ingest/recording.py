@@ -32,8 +32,10 @@ default), the only job of the spool records, else ``unknown``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import gzip
+import heapq
 import json
 import logging
 import os
@@ -51,7 +53,7 @@ from ncclwatch.ingest import external_sort
 from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
 from ncclwatch.ingest.parse import parse as fast_parse
-from ncclwatch.ingest.parse import parse_record, to_record
+from ncclwatch.ingest.parse import to_record
 from ncclwatch.ingest.trainlog import DEFAULT_REGEX, RankMerge, ThroughputParser
 
 from ncclwatch.records import (
@@ -279,15 +281,34 @@ def find_sources(root: Path, stats: ReadStats) -> Sources:
 
 
 def _lines_of_file(path: Path, stats: ReadStats) -> Iterator[tuple[bytes, int]]:
-    offset = 0
+    for lines, offset in _line_batches(path, stats):
+        for raw in lines:
+            yield raw, offset
+            offset += len(raw) + 1
+
+
+def _line_batches(
+    path: Path, stats: ReadStats, limit: int | None = None, size: int = 0
+) -> Iterator[tuple[list[bytes], int]]:
+    """The complete lines of a file (without their newlines), ``size`` bytes read at a
+    time (default ``_READ_BYTES``), each batch with the byte offset of its first line;
+    only the first ``limit`` bytes with a limit. A last line without its newline is
+    counted in ``stats``, not given: the contract says it was still being written."""
+    offset, rest, left, size = 0, b"", limit, size or _READ_BYTES
     with _open_bytes(path) as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                # the contract: a line without its newline was still being written
-                stats.partial_lines += 1
+        while left is None or left > 0:
+            chunk = f.read(size if left is None else min(size, left))
+            if not chunk:
                 break
-            yield raw[:-1], offset
-            offset += len(raw)
+            if left is not None:
+                left -= len(chunk)
+            lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+            rest = lines.pop()
+            if lines:
+                yield lines, offset
+                offset += sum(map(len, lines)) + len(lines)
+    if rest:
+        stats.partial_lines += 1
 
 
 def iter_recording_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, bytes, int]]:
@@ -378,49 +399,74 @@ def iter_records(
     structs (:func:`ncclwatch.ingest.parse.parse`: same fields and ``KIND``, half the
     cost); :func:`~ncclwatch.ingest.parse.to_record` makes them contract dataclasses.
     """
-    options = options or Options()
+    with ExitStack() as stack:
+        yield from _records_of(_open_sources(paths, stats, stack), stats, options)
+
+
+def _open_sources(paths: Iterable[str | Path], stats: ReadStats, stack: ExitStack) -> list[tuple[Path, Sources]]:
+    """What each recording holds, archives unpacked for as long as ``stack`` is open."""
     paths = [Path(p) for p in paths]
     for p in paths:
         if not p.exists():
             raise RecordingError(f"{p}: no such file or directory")
-    with ExitStack() as stack:
-        found = [(p, find_sources(stack.enter_context(opened_recording(p)), stats)) for p in paths]
-        for p, src in found:
-            if not (src.spool or src.inspector or src.trainlogs):
-                raise RecordingError(_nothing_found(p, stats))
-        spool_jobs: set[str] = set()
-        has_throughput = False
-        for _, src in found:
-            for f in src.spool:
-                stats.files[SPOOL] = stats.files.get(SPOOL, 0) + 1
-                for source, raw, offset in iter_recording_lines(f, stats):
-                    rec = fast_parse(raw, source=source, offset=offset)
+    found = [(p, find_sources(stack.enter_context(opened_recording(p)), stats)) for p in paths]
+    for p, src in found:
+        if not (src.spool or src.inspector or src.trainlogs):
+            raise RecordingError(_nothing_found(p, stats))
+    return found
+
+
+def _records_of(
+    found: list[tuple[Path, Sources]],
+    stats: ReadStats,
+    options: Options | None,
+    on_spool_file: Callable[[Path | None], None] | None = None,
+) -> Iterator[tuple[str, int, bytes, Any]]:
+    """:func:`iter_records` of opened recordings. ``on_spool_file`` is told of each spool
+    file before its records, and (with None) when the records that are no spool lines
+    begin."""
+    options = options or Options()
+    spool_jobs: set[str] = set()
+    has_throughput = False
+    for _, src in found:
+        for f in src.spool:
+            stats.files[SPOOL] = stats.files.get(SPOOL, 0) + 1
+            if on_spool_file is not None:
+                on_spool_file(f)
+            source = str(f)  # iter_recording_lines, a batch of lines at a time
+            for lines, offset in _line_batches(f, stats):
+                stats.lines += len(lines)
+                for raw in lines:
+                    rec = fast_parse(raw, source, offset)
                     if type(rec) is Quarantined:
                         stats.quarantine(rec)
-                        continue
-                    spool_jobs.add(getattr(rec, "job", ""))
-                    has_throughput |= rec.KIND == "throughput"
-                    yield source, offset, raw, rec
-        jobs = set(spool_jobs)  # the jobs the training logs may be of
-        for _, src in found:
-            for f in src.inspector:
-                stats.files[INSPECTOR] = stats.files.get(INSPECTOR, 0) + 1
-                job = options.job or src.job or inspector_job(f) or _only(spool_jobs) or "unknown"
-                jobs.add(job)
-                yield from _inspector_records(f, job, stats)
-        logs = expand_globs(options.training_logs)
-        if not logs and not has_throughput:
-            # a run directory's per-rank logs, when the job did not report its throughput
-            # through the API (then the spool has it, and a second series would disagree)
-            logs = [f for _, src in found for f in src.trainlogs]
-        if logs:
-            job = options.job or next((s.job for _, s in found if s.job), "") or _only(jobs)
-            if not job and len(jobs) > 1:
-                raise RecordingError(
-                    f"the recording holds jobs {sorted(jobs)}: give --job to say which one the training logs are of"
-                )
-            for i, rec in enumerate(read_training_logs(logs, job=job or "unknown", options=options, stats=stats)):
-                yield str(logs[0]), i, to_json(rec).encode(), rec
+                    else:
+                        spool_jobs.add(getattr(rec, "job", ""))
+                        has_throughput |= rec.KIND == "throughput"
+                        yield source, offset, raw, rec
+                    offset += len(raw) + 1
+    if on_spool_file is not None:
+        on_spool_file(None)
+    jobs = set(spool_jobs)  # the jobs the training logs may be of
+    for _, src in found:
+        for f in src.inspector:
+            stats.files[INSPECTOR] = stats.files.get(INSPECTOR, 0) + 1
+            job = options.job or src.job or inspector_job(f) or _only(spool_jobs) or "unknown"
+            jobs.add(job)
+            yield from _inspector_records(f, job, stats)
+    logs = expand_globs(options.training_logs)
+    if not logs and not has_throughput:
+        # a run directory's per-rank logs, when the job did not report its throughput
+        # through the API (then the spool has it, and a second series would disagree)
+        logs = [f for _, src in found for f in src.trainlogs]
+    if logs:
+        job = options.job or next((s.job for _, s in found if s.job), "") or _only(jobs)
+        if not job and len(jobs) > 1:
+            raise RecordingError(
+                f"the recording holds jobs {sorted(jobs)}: give --job to say which one the training logs are of"
+            )
+        for i, rec in enumerate(read_training_logs(logs, job=job or "unknown", options=options, stats=stats)):
+            yield str(logs[0]), i, to_json(rec).encode(), rec
 
 
 def _only(jobs: set[str]) -> str:
@@ -470,13 +516,20 @@ class SortedRecording:
     of equal key in the order they were read (:func:`iter_records`).
 
     Entering reads the recording through once (``total``, ``first_ns`` and ``last_ns``
-    are known then); iterating gives ``(source, offset, raw, record)`` once. Up to
-    ``run_records`` records are sorted in memory; beyond that sorted runs go to a
-    temporary directory and are merged from there (:class:`ExternalSort`), so memory
-    stays flat whatever the length. ``keep`` leaves records out before they are counted
-    or held. Records are contract dataclasses; with ``fast`` they may be the fast
-    parser's structs (for what only routes or copies them: no dataclass to build, half
-    the parse).
+    are known then); iterating gives ``(source, offset, raw, record)`` once.
+
+    A plugin spool file is written in about completion order, so most of it need not be
+    sorted at all: its records that come in order (none earlier than one before it in
+    the file) are read from the file a second time while iterating and merged with
+    the other files', and only the rest (the few written late, and all records that
+    are no spool lines: Inspector's, training logs') go through a sort. That sort holds
+    up to ``run_records`` records in memory; beyond that sorted runs go to a temporary
+    directory and are merged from there (:class:`ExternalSort`), so memory stays flat
+    whatever the length. ``stream=False`` sorts everything (what was done before; the
+    tests hold both to the same order). ``keep`` leaves records out before they are
+    counted or held. Records are contract dataclasses; with ``fast`` they may be the
+    fast parser's structs (for what only routes or copies them: no dataclass to build,
+    half the parse).
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp())
@@ -484,8 +537,8 @@ class SortedRecording:
     ...          tflops_per_gpu=1.0, tokens_per_s=None, source="api")) for t in (3, 1, 2, 5, 4)]
     >>> _ = (d / "a.jsonl").write_text("\\n".join(lines) + "\\n")
     >>> with SortedRecording([d], ReadStats(), run_records=2) as rec:
-    ...     (rec.total, rec.runs, [r.ts_ns for _, _, _, r in rec])
-    (5, 2, [1, 2, 3, 4, 5])
+    ...     (rec.total, rec.sorted_records, [r.ts_ns for _, _, _, r in rec])
+    (5, 3, [1, 2, 3, 4, 5])
     """
 
     def __init__(
@@ -497,26 +550,37 @@ class SortedRecording:
         keep: Callable[[Any], bool] | None = None,
         run_records: int | None = None,
         fast: bool = False,
+        stream: bool = True,
     ) -> None:
         self.paths = list(paths)
         self.stats = stats if stats is not None else ReadStats()
         self.options = options
         self.keep = keep
         self.fast = fast
+        self.stream = stream
         self.total = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
         self.kinds: Counter[str] = Counter()  # records by kind
         self._sources: list[str] = []
-        # Key: stream time (shifted to be positive: 20 digits), then kind (1 digit).
+        self._files: list[_SpoolFile] = []  # the spool files read again while iterating
+        self._stack = ExitStack()  # archives stay unpacked until the recording is closed
+        # Key: stream time (shifted to be positive: 20 digits), then kind (1 digit); equal
+        # keys keep the order added, which is the order read.
         self._sort = ExternalSort((20, 1), encode=_encode_entry, decode=_decode_entry,
                                   run_records=run_records or SORT_RUN_RECORDS,
                                   max_open_runs=MAX_OPEN_RUNS)
+        self._stack.callback(self._sort.close)
 
     @property
     def runs(self) -> int:
         """Sorted runs spilled to disk (0: sorted in memory)."""
         return self._sort.runs
+
+    @property
+    def sorted_records(self) -> int:
+        """Records that went through the sort (the rest stream from their files)."""
+        return self._sort.total
 
     @property
     def spill_dir(self) -> Path | None:
@@ -527,59 +591,208 @@ class SortedRecording:
         try:
             self._read()
         except BaseException:
-            self._sort.close()
+            self._stack.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._sort.close()
+        self._stack.close()
 
     def _read(self) -> None:
         index: dict[str, int] = {}
         add = self._sort.add
-        for source, offset, raw, rec in iter_records(self.paths, self.stats, self.options):
-            if self.keep is not None and not self.keep(rec):
+        keep = self.keep
+        current: list[_SpoolFile | None] = [None]
+
+        def on_spool_file(path: Path | None) -> None:
+            current[0] = None
+            if path is not None and self.stream:
+                current[0] = _SpoolFile(path)
+                self._files.append(current[0])
+
+        kinds: dict[str, int] = {}
+        first = last = None
+        seq = 0  # the order read: what orders records of equal time
+        last_source, src, f = None, 0, None
+        found = _open_sources(self.paths, self.stats, self._stack)
+        for source, offset, raw, rec in _records_of(found, self.stats, self.options, on_spool_file):
+            if keep is not None and not keep(rec):
                 continue
-            t, kind = order_key(rec)
-            if self.first_ns is None or t < self.first_ns:
-                self.first_ns = t
-            if self.last_ns is None or t > self.last_ns:
-                self.last_ns = t
-            src = index.get(source)
-            if src is None:
-                src = index[source] = len(self._sources)
-                self._sources.append(source)
-            add((t + _T_SHIFT, kind), (src, offset, raw, rec))
-            self.kinds[rec.KIND] += 1
-        self.total = self._sort.total
+            kind_name = rec.KIND
+            if kind_name == "op":  # order_key, inlined for the common case
+                t, kind = rec.start_ns + rec.exec_ns, 0
+            else:
+                t, kind = order_key(rec)
+            if first is None:
+                first = last = t
+            elif t < first:
+                first = t
+            elif t > last:
+                last = t
+            if source is not last_source:  # a new file (or a record of no file)
+                last_source, f = source, current[0]
+                src = index.get(source)  # type: ignore[assignment]
+                if src is None:
+                    src = index[source] = len(self._sources)
+                    self._sources.append(source)
+            key = (((t << 2) | kind) << _SEQ_BITS) | seq  # _merge_key, inlined
+            if f is not None and key > f.last_key:  # in order: read from its file again
+                if f.first_key is None:
+                    f.first_key, f.first_seq, f.src = key, seq, src
+                f.last_key = key
+                f.end = offset + len(raw) + 1
+            else:
+                add((t + _T_SHIFT, kind), (seq, src, offset, raw, rec))
+            seq += 1
+            kinds[kind_name] = kinds.get(kind_name, 0) + 1
+        self.first_ns, self.last_ns = first, last
+        self.kinds.update(kinds)
+        self.total = seq
         self.stats.records = self.total
+        self._files = [f for f in self._files if f.first_key is not None]
 
     def __iter__(self) -> Iterator[tuple[str, int, bytes, Any]]:
         convert = _same if self.fast else to_record
-        parse = fast_parse if self.fast else parse_record
         sources = self._sources
-        for src, offset, raw, rec in self._sort:
-            source = sources[src]
+        for _, src, offset, raw, rec in self._merged():
+            yield sources[src], offset, raw, convert(rec)
+
+    def records(self) -> Iterator[Any]:
+        """The records alone, in the same order (for what needs no source, offset or line)."""
+        if self.fast:
+            for item in self._merged():
+                yield item[4]
+        else:
+            for item in self._merged():
+                yield to_record(item[4])
+
+    def _merged(self) -> Iterator[tuple[int, int, int, bytes, Any]]:
+        """``(merge key, source index, offset, raw, record)`` in merge-key order: the sort's
+        output and each streamed file's, merged a batch at a time.
+
+        Each input is in key order, and every key an input has yet to give is above its
+        *bound* (the last key it gave; for a file not opened yet, just below its first
+        key, known from the first pass). So whatever is held at or below the smallest
+        bound can go: one C sort of what is held (runs already in order) per batch read.
+        """
+        inputs: list[tuple[int, int, Iterator[list]]] = []  # (bound, number, batches)
+        if self._sort.total:
+            inputs.append((-(1 << 200), 0, self._sorted_batches()))
+        for i, f in enumerate(self._files, 1):
+            assert f.first_key is not None
+            inputs.append((f.first_key - 1, i, self._file_batches(f)))
+        heapq.heapify(inputs)
+        held: list[tuple] = []
+        while inputs:
+            _, i, batches = inputs[0]
+            batch = next(batches, None)
+            if batch is None:
+                heapq.heappop(inputs)
+            else:
+                held += batch
+                heapq.heapreplace(inputs, (batch[-1][0], i, batches))
+            if not inputs:
+                break
+            held.sort()
+            cut = bisect.bisect_left(held, (inputs[0][0] + 1,))
+            if cut:
+                yield from held[:cut]
+                del held[:cut]
+        held.sort()
+        yield from held
+
+    def _sorted_batches(self) -> Iterator[list]:
+        parse = fast_parse
+        sources = self._sources
+        batch: list = []
+        for seq, src, offset, raw, rec in self._sort:
             if rec is None:  # read back from disk: parse it again
-                rec = parse(raw, source=source, offset=offset)
+                rec = parse(raw, source=sources[src], offset=offset)
                 if type(rec) is Quarantined:  # it parsed once: the spill file was damaged
                     self.stats.quarantine(rec)
                     continue
-                yield source, offset, raw, rec
-            else:
-                yield source, offset, raw, convert(rec)
+            t, kind = order_key(rec)
+            batch.append((_merge_key(t, kind, seq), src, offset, raw, rec))
+            if len(batch) >= _MERGE_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _file_batches(self, f: _SpoolFile) -> Iterator[list]:
+        """The records of ``f`` that were in order, read and parsed again, a batch at a time.
+
+        Only the bytes the first pass read are read (a file still being written has more
+        by now), and the same records are left out the same way: bad lines (counted
+        then), those ``keep`` refuses, and those out of order (in the sort).
+        """
+        parse, keep, src = fast_parse, self.keep, f.src
+        seq, last = f.first_seq, f.first_key - 1
+        kind_order = KIND_ORDER
+        # counted in the first pass; read in smaller pieces when many files are merged
+        size = max(_MIN_READ_BYTES, min(_READ_BYTES, _HELD_BYTES // len(self._files)))
+        for lines, offset in _line_batches(f.path, ReadStats(), f.end, size):
+            batch = []
+            for raw in lines:
+                rec = parse(raw)
+                at = offset
+                offset += len(raw) + 1
+                if type(rec) is Quarantined or (keep is not None and not keep(rec)):
+                    continue
+                kind = rec.KIND
+                if kind == "op":  # order_key, inlined for the common case
+                    key = (((rec.start_ns + rec.exec_ns) << 2) << _SEQ_BITS) | seq
+                else:
+                    key = _merge_key(record_time_ns(rec), kind_order.get(kind, 3), seq)
+                seq += 1
+                if key > last:
+                    last = key
+                    batch.append((key, src, at, raw, rec))
+            if batch:
+                yield batch
+
+
+@dataclass
+class _SpoolFile:
+    """What the first pass learnt of one spool file, to stream it again."""
+
+    path: Path
+    src: int = 0  # index of its source name
+    first_key: int | None = None  # merge key of its first record in order
+    first_seq: int = 0  # read order of its first kept record
+    last_key: int = -(1 << 200)
+    end: int = 0  # the byte after the last record kept
 
 
 _T_SHIFT = 1 << 63  # record times may be negative; sort keys may not
+_SEQ_BITS = 40  # records of a recording, in read order: up to 10^12
+_MERGE_BATCH = 2048  # records the sort gives the merge at a time
+_READ_BYTES = 256 << 10  # a file is read this much at a time (~600 op records)
+# The merge holds about one read of every streamed file: so much at most, in all (about a
+# hundred thousand records, as much as the sort holds), however many files there are.
+_HELD_BYTES = 32 << 20
+_MIN_READ_BYTES = 16 << 10
 
 
-def _encode_entry(e: tuple[int, int, bytes, Any]) -> bytes:
-    return b"%d %d %b" % (e[0], e[1], e[2])
+def _merge_key(t: int, kind: int, seq: int) -> int:
+    """Stream time, then kind (0–3), then read order, as one integer: what the merge
+    compares (an integer compares faster than a tuple).
+
+    >>> _merge_key(5, 1, 7) < _merge_key(5, 2, 0) < _merge_key(6, 0, 0)
+    True
+    >>> _merge_key(-5, 3, 2**40 - 1) < _merge_key(-4, 0, 0)
+    True
+    """
+    return (((t << 2) | kind) << _SEQ_BITS) | seq
 
 
-def _decode_entry(line: bytes) -> tuple[int, int, bytes, None]:
-    src, offset, raw = line.split(b" ", 2)
-    return int(src), int(offset), raw, None
+def _encode_entry(e: tuple[int, int, int, bytes, Any]) -> bytes:
+    return b"%d %d %d %b" % (e[0], e[1], e[2], e[3])
+
+
+def _decode_entry(line: bytes) -> tuple[int, int, int, bytes, None]:
+    seq, src, offset, raw = line.split(b" ", 3)
+    return int(seq), int(src), int(offset), raw, None
 
 
 def _same(rec: Any) -> Any:
