@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "ncclwatch.exposition": RUNNER,  # the one metrics server of forward, worker and watch
     "ncclwatch.ingest.forward": RUNNER,
     "ncclwatch.detectors.watch": RUNNER, "ncclwatch.detectors.faust_app": RUNNER,
+    "ncclwatch.detectors.faust_transport": RUNNER,
     "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.stream": RUNNER,
     "ncclwatch.detectors.messages": RUNNER, "ncclwatch.detectors.playback": RUNNER,
     "ncclwatch.detectors.console": RUNNER,
@@ -201,3 +202,26 @@ def test_the_rules_can_fail():
     assert why_not("ncclwatch.records", "ncclwatch_testkit") == "product code imports test support"
     assert why_not("ncclwatch_testkit.scenarios", "ncclwatch.detectors.labels") == ""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+STREAM_CLIENTS = {"faust", "mode", "kafka", "aiokafka", "confluent_kafka"}
+
+
+def third_party_roots(path: Path) -> set[str]:
+    """Top-level packages ``path`` imports, at any depth."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+    return roots
+
+
+def test_the_detector_library_imports_no_kafka_or_faust():
+    # the Faust app and the local mode are thin drivers around a plain library
+    library = [m for m in SHIPPED if layer(m) == LIBRARY and component(m) == "detectors"]
+    assert "ncclwatch.detectors.pipeline" in library
+    bad = {m: sorted(third_party_roots(SHIPPED[m]) & STREAM_CLIENTS) for m in library}
+    assert {m: b for m, b in bad.items() if b} == {}
+    assert third_party_roots(SHIPPED["ncclwatch.detectors.faust_transport"]) & STREAM_CLIENTS == {"faust"}
