@@ -85,17 +85,29 @@ def decode_message(
     >>> decode_message(Message("job.throughput", 0, 7, b"k", line), DETECTOR_KINDS).reason
     'schema'
     """
-    if line is not None:
-        msg = Message(msg.topic, msg.partition, msg.offset, msg.key, line, msg.timestamp_ms)
-    return decode_records(msg, allowed, key_of=key_of)[0]
+    raw = msg.value if line is None else line
+    return decode_records(msg, allowed, key_of=key_of, lines=None if raw is None else [raw])[0]
 
 
 _KIND_SETS: dict[tuple[type, ...], frozenset[str]] = {}
 
 
-def decode_records(msg: Message, allowed: tuple[type, ...], *, key_of: Any = None) -> list[Any]:
+def message_key(msg: Message) -> str | None:
+    """The message's key as a string, to compare with a record's key: valid UTF-8
+    exactly when it can equal one (invalid bytes become lone surrogates).
+
+    >>> message_key(Message("t", 0, 0, b"j|0x1", None)), message_key(Message("t", 0, 0, None, None))
+    ('j|0x1', None)
+    """
+    return None if msg.key is None else msg.key.decode("utf-8", "surrogateescape")
+
+
+def decode_records(
+    msg: Message, allowed: tuple[type, ...], *, key_of: Any = None, lines: list[bytes] | None = None
+) -> list[Any]:
     """Each line's record, or a :class:`Quarantined` saying why that line is not usable
-    here (a message without a value: one, for the tombstone).
+    here (a message without a value: one, for the tombstone). ``lines``: the message's
+    lines, if not :func:`message_lines` of its value.
 
     Besides the record contract, a topic has its own: only some kinds belong on it, and
     its key is the record's job, which is what puts a whole job on one partition (a
@@ -110,10 +122,10 @@ def decode_records(msg: Message, allowed: tuple[type, ...], *, key_of: Any = Non
     the key stage's windows: ``<job>|<comm>``). One pass over the message: this runs
     once per record of every input, the worker's hottest loop.
     """
-    value = msg.value
-    if value is None:
-        return [dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")]
-    lines = message_lines(value)
+    if lines is None:
+        if msg.value is None:
+            return [dead_letter(msg, "parse", "not_json", "message without a value (tombstone)")]
+        lines = message_lines(msg.value)
     if allowed is STAGE_KINDS:
         recs = []
         for raw in lines:
@@ -127,9 +139,7 @@ def decode_records(msg: Message, allowed: tuple[type, ...], *, key_of: Any = Non
     kinds = _KIND_SETS.get(allowed)
     if kinds is None:
         kinds = _KIND_SETS[allowed] = frozenset(c.KIND for c in allowed)
-    key = msg.key
-    # str to str: the key is valid UTF-8 exactly when it can equal a record's key
-    skey = None if key is None else key.decode("utf-8", "surrogateescape")
+    key, skey = msg.key, message_key(msg)
     for i, rec in enumerate(recs):
         if type(rec) is Quarantined:
             continue

@@ -33,6 +33,7 @@ from ncclwatch.detectors.messages import (
     DETECTOR_KINDS,
     Message,
     decode_records,
+    message_key,
 )
 from ncclwatch.ingest.recording import (
     KIND_ORDER,
@@ -843,7 +844,7 @@ class StreamCore:
             group = self.merge_group(msg.partition)
             where = f"{msg.topic}/{msg.partition}"
             # a record that passed the key check has the message's key as its state key
-            skey = None if msg.key is None else msg.key.decode("utf-8", "surrogateescape")
+            skey = message_key(msg)
             held = 0
             for i, rec in enumerate(decode_records(msg, allowed, key_of=key_of)):
                 if type(rec) is Quarantined:
