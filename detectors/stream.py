@@ -201,10 +201,12 @@ class JobDetectors:
         return p
 
     def process(
-        self, record: Any, group: int | None = None, t_ns: int | None = None, tag: Any = None
+        self, record: Any, group: int | None = None, t_ns: int | None = None, tag: Any = None,
+        key: str | None = None,
     ) -> list[AnomalyEvent]:
         """Detect on one record (``t_ns``: its stream time, if the caller has it; ``tag``:
-        staged, put in ``released_tags`` once the record went through its job's merge).
+        staged, put in ``released_tags`` once the record went through its job's merge;
+        ``key``: its state key, the job, if the caller has it).
 
         ``group`` is the stream-time group (the Kafka partition, in the worker); by
         default the partition the job's key maps to (``partitions``), so a local run
@@ -217,7 +219,7 @@ class JobDetectors:
         key's window confirms an anomaly first, whether a throughput drop is judged
         before or after it). The cost is one instant of delay, at most a window.
         """
-        job = record.job
+        job = record.job if key is None else key
         if group is None:
             group = self.group_of.get(job)
             if group is None:
@@ -462,9 +464,14 @@ class KeyDetectors:
             stage.released_tags = self.released_tags
         return stage
 
-    def process(self, w: Any, partition: int = 0, t_ns: int | None = None, tag: Any = None) -> list[Any]:
-        stage = self._stage(partition)
-        self.pipelines[self.state_key(w)] = partition
+    def process(self, w: Any, partition: int = 0, t_ns: int | None = None, tag: Any = None,
+                key: str | None = None) -> list[Any]:
+        """Verdicts of the groups window ``w`` closes (``key``: its :meth:`state_key`, if
+        the caller has it)."""
+        stage = self.stages.get(partition)
+        if stage is None:
+            stage = self._stage(partition)
+        self.pipelines[self.state_key(w) if key is None else key] = partition
         out: list[Any] = stage.process(w, tag)
         if w.end_ns > self._newest.get(partition, -1):
             self._newest[partition] = w.end_ns
@@ -596,6 +603,27 @@ class TimeMerge:
         self._last_t[tp] = t_ns
         self._moved[tp] = self.clock()
         self.held += 1
+        self._changed = True
+
+    def extend(self, tp: Any, group: int, entries: list[tuple[int, int, Any]]) -> None:
+        """:meth:`add` for a run of ``(t_ns, rank, item)`` read together (one message's
+        records), in the order read.
+
+        >>> m = TimeMerge(clock=lambda: 0.0)
+        >>> m.extend(("w", 0), 0, [(30, 0, "w30"), (20, 0, "w20")]); m.add(("t", 0), 0, 25, "t25")
+        >>> m.release()
+        ['t25', 'w30', 'w20']
+        """
+        if not entries:
+            return
+        q = self._queues.get(tp)
+        if q is None:
+            q = self._queues[tp] = deque()
+            self._groups.setdefault(group, []).append(tp)
+        q.extend(entries)
+        self._last_t[tp] = entries[-1][0]  # the newest read, as in add()
+        self._moved[tp] = self.clock()
+        self.held += len(entries)
         self._changed = True
 
     def expect(self, tp: Any, group: int, behind: bool = True) -> None:
@@ -837,37 +865,43 @@ class StreamCore:
         kinds = kinds or {}
         key_of = self._key_of
         out = BatchOutcome()
-        merge_add = self.merge.add
+        extend = self.merge.extend
+        remaining = self._remaining
+        line_bits = self.LINE_BITS
+        kind_order = KIND_ORDER
         for msg in messages:
             allowed = kinds.get(msg.topic, DETECTOR_KINDS)
-            tp = (msg.topic, msg.partition)
-            group = self.merge_group(msg.partition)
-            where = f"{msg.topic}/{msg.partition}"
-            # a record that passed the key check has the message's key as its state key
-            skey = message_key(msg)
-            held = 0
+            # What every record of the message shares, built once: the message's
+            # bookkeeping key, its partition's position name, its key as the state key
+            # (a record that passed the key check has it), and its first position.
+            ctx = ((msg.topic, msg.partition, msg.offset), msg, f"{msg.topic}/{msg.partition}",
+                   message_key(msg), msg.offset << line_bits)
+            entries = []
             for i, rec in enumerate(decode_records(msg, allowed, key_of=key_of)):
                 if type(rec) is Quarantined:
                     out.dead_letters.append((msg, rec))
                 else:
-                    t = record_time_ns(rec)
-                    rank = KIND_ORDER.get(rec.KIND, 3)
-                    merge_add(tp, group, t, (msg, i, rec, t, where, skey), rank)
-                    held += 1
-            if held:
-                self._remaining[(msg.topic, msg.partition, msg.offset)] = held
+                    kind = rec.KIND
+                    t = rec.end_ns if kind == "window" else record_time_ns(rec)
+                    entries.append((t, kind_order.get(kind, 3), (ctx, i, rec, t)))
+            if entries:
+                remaining[ctx[0]] = len(entries)
+                extend((msg.topic, msg.partition), self.merge_group(msg.partition), entries)
             else:
                 out.done.append(msg)
         for tp, b in (behind or {}).items():
             self.merge.progress(tp, b)
         touched: set[str] = set()
-        remaining = self._remaining
         detectors = self.detectors
         process = detectors.process
         pipelines = detectors.pipelines
         holds = detectors.holds_records
         state_key = self.state_key
+        positions_of = self.positions
+        partition_of = self.partition_of
+        done = out.done
         max_t = out.max_record_time_ns
+        records = skipped = 0
 
         def went(key: tuple[str, int, int], msg: Message) -> None:
             # one record of the message is done with: the message is, once all are
@@ -876,43 +910,54 @@ class StreamCore:
                 remaining[key] = left
             else:
                 remaining.pop(key, None)
-                out.done.append(msg)
+                done.append(msg)
 
-        for msg, i, rec, t, where, skey in self.merge.release():
-            key = (msg.topic, msg.partition, msg.offset)
-            if not holds or rec.KIND == VerdictMark.KIND:
-                went(key, msg)
+        for ctx, i, rec, t in self.merge.release():
+            key, msg, where, skey, base = ctx
             if rec.KIND == VerdictMark.KIND:
+                went(key, msg)
                 # progress, not state: a mark is superseded by the next (sent twice a
                 # second), so nothing is saved for it but the jobs it let go
-                events = self.detectors.mark(rec, msg.partition)
+                events = detectors.mark(rec, msg.partition)
                 out.events += events
-                touched.update(self.detectors.marked)
-                self.detectors.marked.clear()
+                touched.update(detectors.marked)
+                detectors.marked.clear()
                 touched.update(ev.job for ev in events)
-                out.records += 1
+                records += 1
                 continue
+            if not holds:  # went(), inlined: the hottest loop of the worker
+                left = remaining.get(key, 1) - 1
+                if left:
+                    remaining[key] = left
+                else:
+                    remaining.pop(key, None)
+                    done.append(msg)
             job = skey if skey is not None else state_key(rec)
-            positions = self.positions.get(job)
+            positions = positions_of.get(job)
             if positions is None or job not in pipelines:
                 positions = self._ensure(job)
-            pos = msg.offset << self.LINE_BITS | i
-            if pos <= positions.get(where, -1) and (not holds or detectors.folded(job, rec)):
-                out.skipped += 1  # already in the saved state: read again after a restart
+            pos = base | i
+            last = positions.get(where, -1)
+            if pos <= last and (not holds or detectors.folded(job, rec)):
+                skipped += 1  # already in the saved state: read again after a restart
                 if holds:
                     went(key, msg)
                 continue
-            positions[where] = max(pos, positions.get(where, -1))
-            self.partition_of[job] = msg.partition
-            events = process(rec, msg.partition, t, (key, msg)) if holds else process(rec, msg.partition, t)
+            if pos > last:
+                positions[where] = pos
+            partition = msg.partition
+            partition_of[job] = partition
+            events = process(rec, partition, t, (key, msg) if holds else None, job)
             touched.add(job)
             if events:
                 out.events += events
                 # advance() can change other jobs too: those that emitted are saved
                 touched.update(ev.job for ev in events if ev.KIND == "anomaly")
-            out.records += 1
+            records += 1
             if t > max_t:
                 max_t = t
+        out.records += records
+        out.skipped += skipped
         if holds:
             for key, msg in detectors.released_tags:
                 went(key, msg)

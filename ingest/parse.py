@@ -101,9 +101,11 @@ _HEX = "0123456789abcdef"
 assert _op_patterns["id"].__self__.pattern == "^[0-9a-f]{16}$", "update the id fast check"
 _comm_match = _op_patterns["comm"]
 
-# Communicator hashes repeat on every line: remember the ones already checked.
+# Communicator hashes and size buckets repeat on every line: remember the values already
+# checked (ids are unique per line: not worth it).
 _good_comms: set[str] = set()
 _GOOD_MAX = 65536
+_good_values: dict[str, set[str]] = {"comm": _good_comms, "size_bucket": set()}
 
 
 def parse(raw: bytes, source: str = "", offset: int = 0) -> Any:
@@ -130,16 +132,16 @@ def parse(raw: bytes, source: str = "", offset: int = 0) -> Any:
         return rec
     for name, match in _PATTERNS[type(rec)]:
         value = getattr(rec, name)
-        if name == "comm":  # ids are unique per line; only comms are worth caching
-            if value in _good_comms:
-                continue
+        good = _good_values.get(name)
+        if good is None:
             if not match(value):
                 return records.parse_line(raw, source=source, offset=offset)
-            if len(_good_comms) >= _GOOD_MAX:
-                _good_comms.clear()
-            _good_comms.add(value)
-        elif not match(value):
-            return records.parse_line(raw, source=source, offset=offset)
+        elif value not in good:
+            if not match(value):
+                return records.parse_line(raw, source=source, offset=offset)
+            if len(good) >= _GOOD_MAX:
+                good.clear()
+            good.add(value)
     return rec
 
 

@@ -1,6 +1,7 @@
 """TimeMerge's shortcuts (release does work only after a change, and takes runs of one
-queue) let out exactly what a merge that recomputes every time and takes one record at
-a time lets out, whatever the calls and the clock do."""
+queue; extend queues a message's records at once) let out exactly what a merge that
+recomputes every time and takes one record at a time lets out, whatever the calls and
+the clock do."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ INPUTS = [("w", 0), ("w", 1), ("t", 0), ("x", 0)]
 
 step = st.one_of(
     st.tuples(st.just("add"), st.sampled_from(INPUTS), st.integers(0, 50), st.integers(0, 3)),
+    st.tuples(st.just("extend"), st.sampled_from(INPUTS),
+              st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=5)),
     st.tuples(st.just("expect"), st.sampled_from(INPUTS), st.booleans()),
     st.tuples(st.just("progress"), st.sampled_from(INPUTS), st.booleans()),
     st.tuples(st.just("tick"), st.sampled_from([0.5, 1.0, 2.5, 3.5, 10.0])),  # max_hold_s is 3
@@ -67,6 +70,11 @@ def test_release_lets_out_what_a_recomputing_merge_lets_out(steps, max_held):
         for m in (a, b):
             if s[0] == "add":
                 m.add(s[1], 0, s[2], (s[2], n), s[3])
+            elif s[0] == "extend" and m is a:
+                a.extend(s[1], 0, [(t, rank, (t, n, j)) for j, (t, rank) in enumerate(s[2])])
+            elif s[0] == "extend":  # the same records one at a time
+                for j, (t, rank) in enumerate(s[2]):
+                    m.add(s[1], 0, t, (t, n, j), rank)
             elif s[0] == "expect":
                 m.expect(s[1], 0, s[2])
             elif s[0] == "progress":
@@ -74,7 +82,7 @@ def test_release_lets_out_what_a_recomputing_merge_lets_out(steps, max_held):
             else:
                 outs.append(getattr(m, s[0])())
         n += 1
-        if s[0] in ("add", "expect", "progress"):
+        if s[0] in ("add", "extend", "expect", "progress"):
             outs = [a.release(), b.release()]
         assert outs[0] == outs[1], (s, outs)
         assert a.held == b.held and a.forced == b.forced

@@ -302,16 +302,17 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
 
 
 def _save_states(table: dict, out) -> int:
-    """What the worker writes to its table after a batch (through JSON); the largest size."""
-    import json
+    """What the worker writes to its table after a batch, through the JSON codec of
+    Faust's tables (orjson where installed, as the worker has it); the largest size."""
+    from faust.utils import json as faust_json
 
     biggest = 0
     for key, (_, state) in out.states.items():
         if state is None:
             table.pop(key, None)
         else:
-            text = json.dumps(state)
-            table[key] = json.loads(text)
+            text = faust_json.dumps(state)
+            table[key] = faust_json.loads(text)
             biggest = max(biggest, len(text))
     return biggest
 

@@ -126,11 +126,13 @@ class Offsets:
 
 
 def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float,
-                 shim: str = "") -> tuple[subprocess.Popen, Path]:
+                 shim: str = "", profile: str = "") -> tuple[subprocess.Popen, Path]:
     log_path = Path(tempfile.mkstemp(prefix=f"bench-stages-{stage}-", suffix=".log", dir=logs)[1])
+    # --profile: the worker's event loop thread under cProfile, written when it stops
+    prof = ["-m", "cProfile", "-o", profile] if profile else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, *(["-c", CHILD, shim] if shim else ["-m", "ncclwatch.cli"]),
+            [sys.executable, *(["-c", CHILD, shim] if shim else [*prof, "-m", "ncclwatch.cli"]),
              "worker", "--stage", stage, "--app-id", app_id,
              "--metrics-port", "-1", "--save-every-s", str(save_every_s)],
             env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -151,12 +153,14 @@ def read_events(bootstrap: str, topic: str) -> list[tuple]:
 
 
 def one_run(bootstrap: str, partitions: int, workers: int, save_every_s: float, messages: list, windows: int,
-            args, logs: Path, shim: str = "") -> dict:
+            args, logs: Path, shim: str = "", profile: str = "") -> dict:
     env = {**env_for(bootstrap, testing.unique_name("bs"), partitions), "NCCLWATCH_TOPICS_WINDOW_KEY": "comm"}
     cfg = config.load(None, environ=env)
     keys_id, jobs_id = testing.unique_name("bench-keys"), testing.unique_name("bench-jobs")
-    procs = [start_worker(env, keys_id, "keys", logs, save_every_s, shim) for _ in range(workers)]
-    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s, shim))
+    stage = args.profile_stage
+    procs = [start_worker(env, keys_id, "keys", logs, save_every_s, shim, profile if i == 0 and stage == "keys" else "")
+             for i in range(workers)]
+    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s, shim, profile if stage == "jobs" else ""))
     offsets = Offsets(bootstrap)
     try:
         deadline = time.monotonic() + args.timeout_s
@@ -227,6 +231,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settle-s", type=float, default=6.0)
     ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--profile", default="", help="one worker of the first run under cProfile, its stats "
+                    "written to this file")
+    ap.add_argument("--profile-stage", choices=("keys", "jobs"), default="keys",
+                    help="which --profile takes: the first key worker, or the job worker")
     ap.add_argument("--old", default="", help="also run this commit's workers, side by side")
     args = ap.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
@@ -256,7 +264,9 @@ def main() -> int:
         shims = {"new": "", "old": str(old_tree(args.old, stack)) if args.old else ""}
         for i in range(args.repeats):
             for tree, n, save in sides if i % 2 == 0 else sides[::-1]:
-                r = one_run(bootstrap, args.partitions, n, save, messages, windows, args, Path(logs), shims[tree])
+                profile = args.profile if i == 0 and (tree, n, save) == sides[0] else ""
+                r = one_run(bootstrap, args.partitions, n, save, messages, windows, args, Path(logs), shims[tree],
+                            profile)
                 r["tree"] = args.old if tree == "old" else "working tree"
                 # the library flushes open groups at its end, a worker never does: firing ones
                 r["events_as_library"] = [e for e in r["events"] if e[1] == "firing"] == [
