@@ -56,6 +56,7 @@ from ncclwatch import config
 from ncclwatch.records import to_json
 
 REPO = Path(__file__).resolve().parents[2]
+OLD_WITHOUT = [""]  # --old-without
 
 
 def job_records(nodes: int, gpus: int, seconds: int, fault_at: int) -> list:
@@ -128,6 +129,8 @@ class Offsets:
 def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float,
                  shim: str = "", profile: str = "") -> tuple[subprocess.Popen, Path]:
     log_path = Path(tempfile.mkstemp(prefix=f"bench-stages-{stage}-", suffix=".log", dir=logs)[1])
+    if shim:  # the old side: without the modules --old-without names
+        env = {**env, "NCCLWATCH_BENCH_BLOCK": OLD_WITHOUT[0]}
     # --profile: the worker's event loop thread under cProfile, written when it stops
     prof = ["-m", "cProfile", "-o", profile] if profile else []
     with open(log_path, "w") as log:
@@ -235,8 +238,11 @@ def main() -> int:
                     "written to this file")
     ap.add_argument("--profile-stage", choices=("keys", "jobs"), default="keys",
                     help="which --profile takes: the first key worker, or the job worker")
+    ap.add_argument("--old-without", default="", help="modules the old side runs without, comma-separated "
+                    "(e.g. orjson: Faust encodes with it when it can import it)")
     ap.add_argument("--old", default="", help="also run this commit's workers, side by side")
     args = ap.parse_args()
+    OLD_WITHOUT[0] = args.old_without
     counts = [int(x) for x in args.workers.split(",")]
     saves = [float(x) for x in args.save_every_s.split(",")]
     trees = ["new", "old"] if args.old else ["new"]

@@ -52,8 +52,11 @@ sys.path.insert(0, str(REPO / "bench"))
 
 # The worker of another tree: its modules through a shim, the editable install's finder off.
 CHILD = r"""
-import sys
+import os, sys
 shim = sys.argv[1]
+# modules the old side must run without (e.g. orjson, which Faust picks up when installed)
+for name in filter(None, os.environ.get("NCCLWATCH_BENCH_BLOCK", "").split(",")):
+    sys.modules[name] = None
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, shim)
 from ncclwatch import cli
