@@ -10,6 +10,11 @@ process spends.
     .venv/bin/python bench/ingest/bench_forward.py [--records 60000] [--repeats 3]
         [--producers kafka-python,confluent-kafka] [--out docs/bench/ingest.md] [--profile]
     .venv/bin/python bench/ingest/bench_forward.py --streams 2,16,256 [--repeats 5]
+    .venv/bin/python bench/ingest/bench_forward.py --only 100,lz4,2000 --bare --repeats 6
+
+``--bare``: in every repeat, besides the forwarder, the limit it is held to: a bare
+confluent-kafka producer (the same librdkafka settings) sending the same op lines packed
+the same way, built before timing (no spool reading, parsing, windows or checkpoints).
 
 A producer named ``confluent-kafka:no-idempotence`` is librdkafka with its idempotent
 producer off (as shipped before 2026-11-25), to measure what the order guarantee costs.
@@ -116,6 +121,74 @@ def _one_run(bootstrap: str, spool: str, records: int, per_msg: int, codec: str,
     return c1 - c0, w1 - w0, sent_ops
 
 
+def packed_messages(spool: str, per_msg: int) -> list[tuple[bytes, bytes]]:
+    """The spool's op lines packed as the forwarder packs them: ``per_msg`` lines of one
+    ``job|comm`` per message, in each file's order, files in name order (the bare
+    producer's input, built before its timing)."""
+    import msgspec
+
+    class Key(msgspec.Struct):
+        job: str
+        comm: str
+
+    decode = msgspec.json.Decoder(Key).decode
+    packs: dict[bytes, list[bytes]] = {}
+    out: list[tuple[bytes, bytes]] = []
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(spool) for f in fs if f.endswith(".jsonl"))
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f.read().splitlines():
+                k = decode(line)
+                key = f"{k.job}|{k.comm}".encode()
+                pack = packs.setdefault(key, [])
+                pack.append(line)
+                if len(pack) == per_msg:
+                    out.append((key, b"\n".join(pack)))
+                    packs[key] = []
+    out += [(key, b"\n".join(pack)) for key, pack in packs.items() if pack]
+    return out
+
+
+def bare_run(bootstrap: str, messages: list[tuple[bytes, bytes]], records: int, codec: str) -> tuple[float, float, int]:
+    """The limit: confluent-kafka alone sending the forwarder's messages, built beforehand,
+    with the forwarder's librdkafka settings (acks=all, idempotent, one request in
+    flight, its batch and linger), to a fresh topic; CPU of this process, the
+    producer's threads included, until every message is acknowledged."""
+    from confluent_kafka import Producer
+    from ncclwatch.ingest import rdkafka
+
+    topic = testing.unique_name("bench-bare")
+    ing = config.IngestConfig()
+    kafka = config.KafkaConfig(bootstrap_servers=bootstrap)
+    conf = rdkafka.producer_conf(kafka, compression=codec, batch_size_bytes=1 << 20, linger_ms=ing.linger_ms,
+                                 request_timeout_ms=10_000, delivery_timeout_ms=30_000)
+    failed: list = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            failed.append(err)
+
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, 4, 1, topic_configs={"retention.ms": "-1"})])
+    admin.close()
+    producer = Producer(conf)
+    c0, w0 = cpu_s(), time.perf_counter()
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    left = producer.flush(60)
+    c1, w1 = cpu_s(), time.perf_counter()
+    assert left == 0 and not failed, (left, failed[:3])
+    return c1 - c0, w1 - w0, records
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=60000)
@@ -126,6 +199,8 @@ def main() -> int:
     ap.add_argument("--producers", default=config.KafkaConfig.producer,
                     help="comma-separated kafka.producer values, interleaved in every repeat")
     ap.add_argument("--streams", default="", help="comma-separated stream counts: the shipped config per count")
+    ap.add_argument("--bare", action="store_true",
+                    help="also, in every repeat, a bare confluent-kafka producer sending the same packed messages")
     args = ap.parse_args()
     producers = args.producers.split(",")
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
@@ -146,15 +221,27 @@ def main() -> int:
         a, b, c = args.only.split(",")
         configs = [(int(a), b, int(c))]
     for per_msg, codec, batch in configs:
-        rates: dict[str, list[float]] = {p: [] for p in producers}
-        walls: dict[str, list[float]] = {p: [] for p in producers}
+        sides = [*producers, "bare"] if args.bare else producers
+        bare_input = packed_messages(spool, per_msg) if args.bare else []
+        assert not args.bare or sum(v.count(b"\n") + 1 for _, v in bare_input) == records
+        rates: dict[str, list[float]] = {p: [] for p in sides}
+        walls: dict[str, list[float]] = {p: [] for p in sides}
         for i in range(args.repeats):
             # alternate which producer goes first, so both see the same machine noise
-            for producer in producers if i % 2 == 0 else producers[::-1]:
-                cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch, producer=producer)
+            for producer in sides if i % 2 == 0 else sides[::-1]:
+                if producer == "bare":
+                    cpu, wall, n = bare_run(bootstrap, bare_input, records, codec)
+                else:
+                    cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch, producer=producer)
                 rates[producer].append(n / cpu)
                 walls[producer].append(n / wall)
-        for producer in producers:
+        if args.bare:
+            limit = statistics.median(rates["bare"])
+            for producer in producers:
+                each = ", ".join(f"{a / b:.2f}" for a, b in zip(rates[producer], rates["bare"], strict=True))
+                print(f"{producer}: {statistics.median(rates[producer]) / limit:.2f}x the bare producer "
+                      f"(medians; per repeat: {each})", flush=True)
+        for producer in sides:
             r, w = rates[producer], walls[producer]
             rows.append((producer, per_msg, codec, batch, r, w))
             print(f"{producer:<15} ops/msg={per_msg:<4} {codec:<5} batch={batch:<5} records/cpu-s median="

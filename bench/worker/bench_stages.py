@@ -26,10 +26,16 @@ whose CPU time is the library's rate beside the workers'). Runs of different wor
 counts (and ``--save-every-s`` values, passed to the workers) alternate within each
 repeat, so the machine's noise spreads over all of them. ``--old COMMIT`` runs every
 configuration with that commit's workers too (``git worktree`` + ``bench/ab.py``'s
-import shim, as ``bench_worker.py --old``), alternating with the working tree's. ::
+import shim, as ``bench_worker.py --old``), alternating with the working tree's
+(``--old-without orjson``: the old side's workers cannot import those modules).
+
+``--bare``: after every run, the limit besides the library: a bare aiokafka consumer
+(Faust's client) reads the same windows topic in a fresh process and decodes every line
+with the worker's fast validated parse, timed like a worker (from after its start).
+``--profile FILE``: one worker of the first run under cProfile (``--profile-stage``). ::
 
     .venv/bin/python bench/worker/bench_stages.py --nodes 2048 --gpus 8 --seconds 20 \\
-        --workers 1,2,4 --repeats 2 [--save-every-s 0,1.0] [--old COMMIT]
+        --workers 1,2,4 --repeats 2 [--save-every-s 0,1.0] [--old COMMIT] [--bare]
 """
 
 from __future__ import annotations
@@ -143,6 +149,47 @@ def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: f
     return proc, log_path
 
 
+# The limit the key worker is held to besides the library: a bare aiokafka consumer (the
+# client Faust runs on) reading the same windows topic and decoding every line with the
+# fast validated parse the worker uses, in a fresh process timed like a worker (from
+# after its start).
+BARE_CONSUMER = r"""
+import asyncio, json, resource, sys
+from aiokafka import AIOKafkaConsumer
+from ncclwatch.ingest.parse import parse
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+async def main(bootstrap, topic, want):
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                         enable_auto_commit=False, group_id=None)
+    await c.start()
+    c0 = cpu()
+    messages = records = 0
+    while messages < want:
+        for msgs in (await c.getmany(timeout_ms=1000)).values():
+            for m in msgs:
+                messages += 1
+                for line in m.value.split(b"\n"):
+                    if line:
+                        parse(line)
+                        records += 1
+    cpu_s = cpu() - c0
+    await c.stop()
+    print(json.dumps({"records": records, "cpu_s": round(cpu_s, 2)}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+def bare_consume(bootstrap: str, topic: str, messages: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", BARE_CONSUMER, bootstrap, topic, str(messages)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def read_events(bootstrap: str, topic: str) -> list[tuple]:
     from kafka import KafkaConsumer
 
@@ -213,11 +260,17 @@ def one_run(bootstrap: str, partitions: int, workers: int, save_every_s: float, 
         for p, _ in procs:
             p.wait(timeout=60)
     exits = [log.read_text().strip().splitlines()[-1][:300] for _, log in procs]
+    bare = {}
+    if args.bare:  # the same topic, after the workers stopped
+        b = bare_consume(bootstrap, cfg.topics.windows, sum(ends.values()))
+        if b["records"] != windows:
+            raise RuntimeError(f"the bare consumer read {b['records']} windows, not {windows}")
+        bare = {"bare_consumer_cpu_s": b["cpu_s"], "bare_windows_per_cpu_s": round(windows / b["cpu_s"])}
     return {
         "workers": workers, "save_every_s": save_every_s, "publish_s": round(t_pub, 2), "key_stage_s": round(t_keys, 2),
         "windows_per_s": round(windows / t_keys), "key_cpu_s": round(key_cpu, 2),
         "windows_per_cpu_s": round(windows / key_cpu), "job_stage_done_s": round(t_job, 2),
-        "job_cpu_s": round(job_cpu, 2), "events": events, "exit_lines": exits,
+        "job_cpu_s": round(job_cpu, 2), "events": events, "exit_lines": exits, **bare,
     }
 
 
@@ -238,6 +291,8 @@ def main() -> int:
                     "written to this file")
     ap.add_argument("--profile-stage", choices=("keys", "jobs"), default="keys",
                     help="which --profile takes: the first key worker, or the job worker")
+    ap.add_argument("--bare", action="store_true", help="after every run, a bare aiokafka consumer + decode "
+                    "reads the same windows topic: the limit besides the library")
     ap.add_argument("--old-without", default="", help="modules the old side runs without, comma-separated "
                     "(e.g. orjson: Faust encodes with it when it can import it)")
     ap.add_argument("--old", default="", help="also run this commit's workers, side by side")
@@ -295,6 +350,10 @@ def main() -> int:
                 "of_library_per_cpu_s": round(statistics.median(r["windows_per_cpu_s"] for r in rs)
                                               / (windows / library_cpu), 2),
                 "job_cpu_s": [r["job_cpu_s"] for r in rs],
+                **({"bare_windows_per_cpu_s": [r["bare_windows_per_cpu_s"] for r in rs],
+                    "of_bare_per_cpu_s": round(
+                        statistics.median(r["windows_per_cpu_s"] for r in rs)
+                        / statistics.median(r["bare_windows_per_cpu_s"] for r in rs), 2)} if args.bare else {}),
                 "events_same_as_library": all(r["events_as_library"] for r in rs),
                 "events_same_across_runs": all(r["events"] == first for r in rs),
             }), flush=True)
