@@ -925,13 +925,8 @@ class StreamCore:
                 touched.update(ev.job for ev in events)
                 records += 1
                 continue
-            if not holds:  # went(), inlined: the hottest loop of the worker
-                left = remaining.get(key, 1) - 1
-                if left:
-                    remaining[key] = left
-                else:
-                    remaining.pop(key, None)
-                    done.append(msg)
+            if not holds:
+                went(key, msg)
             job = skey if skey is not None else state_key(rec)
             positions = positions_of.get(job)
             if positions is None or job not in pipelines:

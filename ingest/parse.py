@@ -118,12 +118,8 @@ def parse(raw: bytes, source: str = "", offset: int = 0) -> Any:
         return records.parse_line(raw, source=source, offset=offset)
     if type(rec) is FastOpRecord:  # the hot path: one pattern cached, one checked
         comm = rec.comm
-        if comm not in _good_comms:
-            if not _comm_match(comm):
-                return records.parse_line(raw, source=source, offset=offset)
-            if len(_good_comms) >= _GOOD_MAX:
-                _good_comms.clear()
-            _good_comms.add(comm)
+        if comm not in _good_comms and not _matches(comm, _comm_match, _good_comms):
+            return records.parse_line(raw, source=source, offset=offset)
         rid = rec.id
         # Same as the id pattern (16 lowercase hex digits) at a quarter of a regex's cost;
         # anything else is left to the contract parser.
@@ -136,13 +132,19 @@ def parse(raw: bytes, source: str = "", offset: int = 0) -> Any:
         if good is None:
             if not match(value):
                 return records.parse_line(raw, source=source, offset=offset)
-        elif value not in good:
-            if not match(value):
-                return records.parse_line(raw, source=source, offset=offset)
-            if len(good) >= _GOOD_MAX:
-                good.clear()
-            good.add(value)
+        elif value not in good and not _matches(value, match, good):
+            return records.parse_line(raw, source=source, offset=offset)
     return rec
+
+
+def _matches(value: str, match: Any, good: set[str]) -> bool:
+    """Whether ``value`` matches its pattern; one that does is remembered in ``good``."""
+    if not match(value):
+        return False
+    if len(good) >= _GOOD_MAX:
+        good.clear()
+    good.add(value)
+    return True
 
 
 def is_quarantined(rec: Any) -> bool:
