@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ncclwatch.detectors.keys import NEVER, KeyStage, VerdictMark, VerdictMerge, record_end
 from ncclwatch.detectors.messages import (
@@ -434,14 +434,14 @@ class KeyDetectors:
     """
 
     def __init__(self, cfg: DetectorConfig, *, model: Any = None, forget_after_s: float = 3600.0,
-                 hold_ranks: int | None = -1):
+                 hold_ranks: int | None | Literal["config"] = "config"):
         self.cfg = cfg
         self.model = model if model is not None else load_model(cfg)
-        # Communicators of ``hold_ranks`` ranks or more (-1: ``cfg.key_hold_ranks``; None:
-        # none) hold their open groups' windows out of their saved state (KeyStage's
+        # Communicators of ``hold_ranks`` ranks or more ("config": ``cfg.key_hold_ranks``;
+        # None: none) hold their open groups' windows out of their saved state (KeyStage's
         # ``hold_ranks``): a window's message is done once its group closed. Below, a
         # group's windows are state and a message is done once read.
-        self.hold_ranks = cfg.key_hold_ranks if hold_ranks == -1 else hold_ranks
+        self.hold_ranks = cfg.key_hold_ranks if hold_ranks == "config" else hold_ranks
         self.holds_records = self.hold_ranks is not None
         self.released_tags: list[Any] = []  # every partition's stage appends here
         self.stages: dict[int, KeyStage] = {}
