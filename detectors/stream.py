@@ -881,9 +881,8 @@ class StreamCore:
                 if type(rec) is Quarantined:
                     out.dead_letters.append((msg, rec))
                 else:
-                    kind = rec.KIND
-                    t = rec.end_ns if kind == "window" else record_time_ns(rec)
-                    entries.append((t, kind_order.get(kind, 3), (ctx, i, rec, t)))
+                    t = record_time_ns(rec)
+                    entries.append((t, kind_order.get(rec.KIND, 3), (ctx, i, rec, t)))
             if entries:
                 remaining[ctx[0]] = len(entries)
                 extend((msg.topic, msg.partition), self.merge_group(msg.partition), entries)
