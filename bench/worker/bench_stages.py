@@ -62,7 +62,6 @@ from ncclwatch import config
 from ncclwatch.records import to_json
 
 REPO = Path(__file__).resolve().parents[2]
-OLD_WITHOUT = [""]  # --old-without
 
 
 def job_records(nodes: int, gpus: int, seconds: int, fault_at: int) -> list:
@@ -133,10 +132,10 @@ class Offsets:
 
 
 def start_worker(env: dict, app_id: str, stage: str, logs: Path, save_every_s: float,
-                 shim: str = "", profile: str = "") -> tuple[subprocess.Popen, Path]:
+                 shim: str = "", profile: str = "", without: str = "") -> tuple[subprocess.Popen, Path]:
     log_path = Path(tempfile.mkstemp(prefix=f"bench-stages-{stage}-", suffix=".log", dir=logs)[1])
     if shim:  # the old side: without the modules --old-without names
-        env = {**env, "NCCLWATCH_BENCH_BLOCK": OLD_WITHOUT[0]}
+        env = {**env, "NCCLWATCH_BENCH_BLOCK": without}
     # --profile: the worker's event loop thread under cProfile, written when it stops
     prof = ["-m", "cProfile", "-o", profile] if profile else []
     with open(log_path, "w") as log:
@@ -207,10 +206,12 @@ def one_run(bootstrap: str, partitions: int, workers: int, save_every_s: float, 
     env = {**env_for(bootstrap, testing.unique_name("bs"), partitions), "NCCLWATCH_TOPICS_WINDOW_KEY": "comm"}
     cfg = config.load(None, environ=env)
     keys_id, jobs_id = testing.unique_name("bench-keys"), testing.unique_name("bench-jobs")
-    stage = args.profile_stage
-    procs = [start_worker(env, keys_id, "keys", logs, save_every_s, shim, profile if i == 0 and stage == "keys" else "")
+    stage, without = args.profile_stage, args.old_without
+    procs = [start_worker(env, keys_id, "keys", logs, save_every_s, shim,
+                          profile if i == 0 and stage == "keys" else "", without)
              for i in range(workers)]
-    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s, shim, profile if stage == "jobs" else ""))
+    procs.append(start_worker(env, jobs_id, "jobs", logs, save_every_s, shim, profile if stage == "jobs" else "",
+                              without))
     offsets = Offsets(bootstrap)
     try:
         deadline = time.monotonic() + args.timeout_s
@@ -297,7 +298,6 @@ def main() -> int:
                     "(e.g. orjson: Faust encodes with it when it can import it)")
     ap.add_argument("--old", default="", help="also run this commit's workers, side by side")
     args = ap.parse_args()
-    OLD_WITHOUT[0] = args.old_without
     counts = [int(x) for x in args.workers.split(",")]
     saves = [float(x) for x in args.save_every_s.split(",")]
     trees = ["new", "old"] if args.old else ["new"]
