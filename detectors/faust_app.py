@@ -670,15 +670,22 @@ class Worker:
             self.order.start(start, time.monotonic())
             self._order_from = rebalances
         order, now = self.order, time.monotonic()
-        taken, holes = [], set()
+        taken, holes, dropped = [], set(), set()
         for e in events:
             m = e.message
             verdict = order.admit(m.tp, m.offset, now)
             if verdict == "take":
                 taken.append(e)
-            elif verdict == "seek":
-                holes.add(m.tp)
+            else:
+                dropped.add(m.tp)
+                if verdict == "seek":
+                    holes.add(m.tp)
         self.stats.out_of_order += len(events) - len(taken)
+        for tp in dropped:
+            # Delivering, if out of order (what Faust had fetched past a hole, or copies
+            # after a seek): the time merge must not take it for a stuck input and let
+            # its co-partitioned inputs pass it while the seek brings its messages again.
+            self.core.merge.touch((tp.topic, tp.partition))
         if holes:
             self.app.consumer.pause_partitions(_faust_tps(holes))
         await self._seek_back()

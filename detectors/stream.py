@@ -626,6 +626,25 @@ class TimeMerge:
         self.held += len(entries)
         self._changed = True
 
+    def touch(self, tp: Any) -> None:
+        """``tp`` delivered something that cannot be added yet (messages past a hole
+        that is being read again): it is not stuck, whatever it last added.
+
+        >>> now = [0.0]
+        >>> m = TimeMerge(max_hold_s=10.0, clock=lambda: now[0])
+        >>> m.add(("t", 0), 0, 10, "t10"); m.progress(("t", 0), behind=True)
+        >>> m.add(("w", 0), 0, 30, "w30")
+        >>> m.release()
+        ['t10']
+        >>> now[0] = 8.0; m.touch(("t", 0)); now[0] = 15.0
+        >>> m.release()  # delivering 7 s ago: still holds
+        []
+        >>> now[0] = 18.5; m.release(), m.forced  # nothing for 10.5 s: stuck, passed
+        (['w30'], 1)
+        """
+        if tp in self._moved:
+            self._moved[tp] = self.clock()
+
     def expect(self, tp: Any, group: int, behind: bool = True) -> None:
         """An input not read yet that has something to deliver: nothing may pass it."""
         if tp not in self._queues:

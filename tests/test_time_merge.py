@@ -1,5 +1,5 @@
 """TimeMerge's shortcuts (release does work only after a change, and takes runs of one
-queue; extend queues a message's records at once) let out exactly what a merge that
+queue; extend queues a message's records at once; touch moves no bound) let out exactly what a merge that
 recomputes every time and takes one record at a time lets out, whatever the calls and
 the clock do."""
 
@@ -17,6 +17,7 @@ step = st.one_of(
               st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=5)),
     st.tuples(st.just("expect"), st.sampled_from(INPUTS), st.booleans()),
     st.tuples(st.just("progress"), st.sampled_from(INPUTS), st.booleans()),
+    st.tuples(st.just("touch"), st.sampled_from(INPUTS)),
     st.tuples(st.just("tick"), st.sampled_from([0.5, 1.0, 2.5, 3.5, 10.0])),  # max_hold_s is 3
     st.tuples(st.just("release")),
     st.tuples(st.just("drain")),
@@ -79,10 +80,12 @@ def test_release_lets_out_what_a_recomputing_merge_lets_out(steps, max_held):
                 m.expect(s[1], 0, s[2])
             elif s[0] == "progress":
                 m.progress(s[1], s[2])
+            elif s[0] == "touch":
+                m.touch(s[1])
             else:
                 outs.append(getattr(m, s[0])())
         n += 1
-        if s[0] in ("add", "extend", "expect", "progress"):
+        if s[0] in ("add", "extend", "expect", "progress", "touch"):
             outs = [a.release(), b.release()]
         assert outs[0] == outs[1], (s, outs)
         assert a.held == b.held and a.forced == b.forced
