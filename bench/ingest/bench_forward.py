@@ -127,6 +127,8 @@ def packed_messages(spool: str, per_msg: int) -> list[tuple[bytes, bytes]]:
     producer's input, built before its timing)."""
     import msgspec
 
+    from ncclwatch.routing import op_group
+
     class Key(msgspec.Struct):
         job: str
         comm: str
@@ -139,7 +141,7 @@ def packed_messages(spool: str, per_msg: int) -> list[tuple[bytes, bytes]]:
         with open(path, "rb") as f:
             for line in f.read().splitlines():
                 k = decode(line)
-                key = f"{k.job}|{k.comm}".encode()
+                key = op_group(k.job, k.comm).encode()
                 pack = packs.setdefault(key, [])
                 pack.append(line)
                 if len(pack) == per_msg:

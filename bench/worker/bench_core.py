@@ -4,8 +4,8 @@ process, sides alternating.
 
 The job is ``bench_stages.py``'s synthetic one (``--nodes`` × ``--gpus`` GPUs, 5 keys per
 rank, 1 s windows), its windows packed ``--windows-per-message`` per message of one
-communicator and spread over ``--partitions`` partitions as the forwarder would key
-them. Both sides start from the packed message values (not timed: building them):
+communicator and spread over ``--partitions`` partitions by their key as Kafka's
+default partitioner spreads them. Both sides start from the packed message values (not timed: building them):
 
 - **library**: each partition's :class:`~ncclwatch.detectors.keys.KeyStage` fed every
   line after the worker's fast validated parse;
@@ -27,14 +27,13 @@ import json
 import platform
 import statistics
 import time
-import zlib
 from datetime import UTC, datetime
 
 from bench_stages import job_records, messages_of
 from bench_worker import cpu_model
 from ncclwatch.detectors.keys import KeyStage
 from ncclwatch.detectors.messages import Message
-from ncclwatch.detectors.stream import KeyDetectors, StreamCore, collect_less_often
+from ncclwatch.detectors.stream import KeyDetectors, StreamCore, collect_less_often, job_partition
 from ncclwatch.ingest.parse import parse
 
 from ncclwatch.config import DetectorConfig
@@ -49,7 +48,7 @@ def window_messages(nodes: int, gpus: int, seconds: int, per_message: int, parti
     out = []
     for kind, key, value in messages_of(records, per_message):
         if kind == "windows":
-            p = zlib.crc32(key) % partitions  # any fixed spread: each partition is a stage of its own
+            p = job_partition(key.decode(), partitions)  # Kafka's default partitioner, as bench_stages gets
             out.append(Message(TOPIC, p, offsets[p], key, value))
             offsets[p] += 1
     return out
