@@ -33,6 +33,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,3 +255,135 @@ class Combined:
     def describe(self) -> dict:
         return {"injector": "+".join(p.describe()["injector"] for p in self.parts),
                 "parts": [p.describe() for p in self.parts]}
+
+
+# The copier: a separate CUDA process that keeps NVLink busy with peer copies between two
+# GPUs, as another tenant's (or a misplaced job's) traffic would. It allocates and warms
+# up first, says "ready", and copies only after a line on stdin, so the fault starts when
+# the label says and not a CUDA initialisation later.
+_NVLINK_COPIER = r"""
+import sys, torch
+src_dev, dst_dev, streams, mib, both = (int(a) for a in sys.argv[1:6])
+n = mib << 20
+pairs = [(src_dev, dst_dev)] + ([(dst_dev, src_dev)] if both else [])
+work = []
+for a, b in pairs:
+    for _ in range(streams):
+        x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{a}")
+        y = torch.empty(n, dtype=torch.uint8, device=f"cuda:{b}")
+        work.append((torch.cuda.Stream(device=a), x, y))
+for s, x, y in work:
+    with torch.cuda.stream(s):
+        y.copy_(x, non_blocking=True)
+torch.cuda.synchronize(src_dev); torch.cuda.synchronize(dst_dev)
+print("ready", flush=True)
+sys.stdin.readline()
+copies = 0
+while True:
+    for s, x, y in work:
+        with torch.cuda.stream(s):
+            for _ in range(8):
+                y.copy_(x, non_blocking=True)
+    for s, _, _ in work:
+        s.synchronize()
+    copies += 8 * len(work)
+    if copies % (64 * len(work)) == 0:
+        print("copied", copies * n, flush=True)
+"""
+
+
+@dataclass
+class NvlinkContention:
+    """Competing peer-to-peer copies between GPUs ``src`` and ``dst`` over NVLink.
+
+    ``streams`` copy streams per direction, each moving ``mib`` MiB per copy; ``both``
+    copies in both directions. :meth:`prepare` starts the process (CUDA start-up takes
+    seconds), :meth:`start` lets it copy.
+    """
+
+    src: int = 0
+    dst: int = 1
+    streams: int = 2
+    mib: int = 256
+    both: bool = True
+    python: str = "python3"
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    bytes_moved: int = 0
+    error: str = ""
+
+    def prepare(self) -> None:
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen(
+            [self.python, "-c", _NVLINK_COPIER, str(self.src), str(self.dst), str(self.streams),
+             str(self.mib), str(int(self.both))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline() if self._proc.stdout else ""
+        if line.strip() != "ready":
+            self.error = (line + (self._proc.stderr.read() if self._proc.stderr else ""))[-2000:]
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+            raise RuntimeError(f"NVLink copier did not start: {self.error}")
+
+    def start(self) -> None:
+        self.prepare()
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write("go\n")
+        self._proc.stdin.flush()
+        self._started = time.monotonic()
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        elapsed = time.monotonic() - self._started
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=20)
+        moved = [int(x.split()[1]) for x in out.splitlines() if x.startswith("copied ")]
+        self.bytes_moved = moved[-1] if moved else 0
+        self.gbs = round(self.bytes_moved / max(elapsed, 1e-9) / 1e9, 1)
+        self._proc = None
+
+    def describe(self) -> dict:
+        return {"injector": "nvlink", "src_gpu": self.src, "dst_gpu": self.dst,
+                "streams_per_direction": self.streams, "mib_per_copy": self.mib,
+                "both_directions": self.both, "bytes_moved_at_least": self.bytes_moved,
+                "competing_gbs_at_least": getattr(self, "gbs", None), "error": self.error}
+
+
+class Pulsed:
+    """An injector switched on for ``on_s``, off for ``off_s``, over and over (an
+    intermittent fault: a flapping link, a periodic neighbour), from :meth:`start` until
+    :meth:`stop`; ``spans`` are the wall-clock (start_ns, end_ns) it was on."""
+
+    def __init__(self, inner, on_s: float, off_s: float) -> None:
+        if not (on_s > 0 and off_s > 0):
+            raise ValueError("pulse on and off must be > 0 s")
+        self.inner, self.on_s, self.off_s = inner, on_s, off_s
+        self.spans: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.time_ns()
+            self.inner.start()
+            self._stop.wait(self.on_s)
+            self.inner.stop()
+            self.spans.append((t0, time.time_ns()))
+            self._stop.wait(self.off_s)
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="pulse", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def describe(self) -> dict:
+        inner = self.inner.describe()
+        return {**inner, "injector": f"pulsed-{inner['injector']}", "on_s": self.on_s,
+                "off_s": self.off_s, "on_spans_ns": self.spans}

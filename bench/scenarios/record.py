@@ -2,7 +2,7 @@
 
 Sub-commands (each run goes into ``--out/<name>/``, and ``--tar`` packs it)::
 
-    record.py run --scenario clean|congestion|straggler --name NAME ...
+    record.py run --scenario clean|congestion|nvlink|straggler --name NAME ...
     record.py calibrate ...      # one run stepping through injector settings
     record.py suite ...          # what the GPU call runs: calibrate, then the three runs
 
@@ -225,8 +225,11 @@ class Run:
         return {"iface": "lo", "address": "127.0.0.1"}
 
     def congestion(self, spec: str):
-        """An injector from a spec like ``cpu:k=2,duty=1`` or ``sockets:n=4+cpu:k=1``."""
+        """An injector from a spec like ``cpu:k=2,duty=1``, ``sockets:n=4+cpu:k=1``,
+        ``nvlink:streams=2,mib=256,both=1`` or ``pulse:on=4,off=4+tc:rate=12gbit,dev=lo``
+        (``pulse`` switches the rest on and off)."""
         parts = []
+        pulse = None
         pids = [self.ranks[r]["pid"] for r in self.network_ranks()]
         ncores = os.cpu_count() or 2
         cores = [ncores - 1 - i for i in range(len(pids))]
@@ -246,9 +249,16 @@ class Run:
                 # Same-host socket traffic goes through `lo` whatever address NCCL picked.
                 parts.append(faults.TcShaper(tc, kv.get("dev", self.socket_address()["iface"]),
                                              kv.get("rate", "16gbit")))
+            elif kind == "nvlink":
+                parts.append(faults.NvlinkContention(
+                    int(kv.get("src", 0)), int(kv.get("dst", 1)), int(kv.get("streams", 2)),
+                    int(kv.get("mib", 256)), kv.get("both", "1") == "1", sys.executable))
+            elif kind == "pulse":
+                pulse = (float(kv.get("on", 4)), float(kv.get("off", 4)))
             else:
                 raise ValueError(f"unknown injector {kind!r} in {spec!r}")
-        return parts[0] if len(parts) == 1 else faults.Combined(*parts)
+        injector = parts[0] if len(parts) == 1 else faults.Combined(*parts)
+        return injector if pulse is None else faults.Pulsed(injector, *pulse)
 
     def inject(self, injector, start_s: float, end_s: float, label: dict | None) -> dict:
         self.sleep_until(start_s)
@@ -356,6 +366,9 @@ class Run:
             if label["type"] == "network_path":
                 label["comms"] = {n: c for n, c in comms.items()
                                   if c["transport_expected"] in NETWORK_TRANSPORTS}
+            if label["type"] == "intra_node":
+                label["comms"] = {n: c for n, c in comms.items()
+                                  if c["transport_expected"] == "nvlink"}
             if label["type"] == "straggler":
                 r = label["global_rank"]
                 label["pid"] = self.ranks[r]["pid"]
@@ -426,6 +439,14 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
             injector = run.congestion(args.injector)
             run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
                        {"type": "network_path", "attribution": "network", "global_rank": None,
+                        "injector": args.injector})
+        elif scenario == "nvlink":
+            injector = run.congestion(args.injector)
+            for part in getattr(injector, "parts", [injector]):
+                if hasattr(part, "prepare"):
+                    part.prepare()
+            run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
+                       {"type": "intra_node", "attribution": "intra_node", "global_rank": None,
                         "injector": args.injector})
         elif scenario == "straggler":
             ranks = [int(r) for r in str(args.straggler_rank).split(",")]
@@ -552,7 +573,8 @@ def suite(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("command", choices=("run", "calibrate", "suite"))
-    p.add_argument("--scenario", default="clean", choices=("clean", "congestion", "straggler"))
+    p.add_argument("--scenario", default="clean",
+                   choices=("clean", "congestion", "nvlink", "straggler"))
     p.add_argument("--scenarios", nargs="+", default=["clean", "congestion", "straggler"])
     p.add_argument("--name")
     p.add_argument("--out", default="/tmp/ncclwatch-runs")
