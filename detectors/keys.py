@@ -44,6 +44,7 @@ class KeyParams:
         self.threshold = cfg.threshold
         self.z_min = cfg.z_min
         self.straggler_score = cfg.straggler_score
+        self.transfer_confirm = cfg.transfer_confirm
         self.drift_freeze_windows = cfg.drift_freeze_windows
         self.silence_ns = int(cfg.telemetry_timeout_s * 1e9)
         self.baseline = {"warmup": cfg.warmup_windows}
@@ -207,6 +208,7 @@ class KeyState:
         "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
         "closed_before", "last_end_ns", "last_effect", "last_observed", "streak",
         "unlearned", "frozen_until", "frozen_obs", "spread", "spread_rule", "spread_unlearned", "tags",
+        "transfer", "transfer_unlearned",
     )
 
     def __init__(self, w: WindowSummary, p: KeyParams):
@@ -245,6 +247,10 @@ class KeyState:
         self.spread_rule = SustainedRule(**p.spread_rule)
         self.spread_unlearned: list[float] = []
         self.tags: dict[int, list[Any]] = {}  # a held group's start -> its windows' messages
+        # The group's best-instance bus bandwidth (each rank's p50 scaled by its p50 over
+        # its fastest exec; the best rank): what the link does when nobody waits.
+        self.transfer = RatioBaseline(**p.baseline)
+        self.transfer_unlearned: list[float] = []
 
     @classmethod
     def new(cls, w: WindowSummary, p: KeyParams, model: Any = None) -> KeyState:
@@ -319,6 +325,9 @@ class KeyState:
         # which makes per-rank levels alternate between ~1x and several x in a clean run.
         # Waiting is the straggler scorer's evidence (below), not the link's.
         obs = max(r.busbw_gbs_p50 for r in recs)
+        best = max(r.busbw_gbs_p50 * r.exec_ns_p50 / r.exec_ns_min
+                   if 0 < r.exec_ns_min <= r.exec_ns_p50 <= r.exec_ns_p95 <= r.exec_ns_max
+                   else r.busbw_gbs_p50 for r in recs)  # incoherent statistics say nothing
         first = recs[0]
         end = first.end_ns
         h0 = first.host
@@ -353,6 +362,14 @@ class KeyState:
             effect = 1.0 - obs / b
             if effect >= p.threshold:
                 degraded = (lb - math.log(obs)) / base.rel_sigma >= p.z_min
+        tb = self.transfer.log_baseline
+        if tb is not None and best > 0 and degraded and p.transfer_confirm > 0:
+            # Slower in the typical instance but not in the best one: waiting, not transfer.
+            degraded = 1.0 - best / math.exp(tb) >= p.threshold * p.transfer_confirm
+        if best > 0:
+            self.transfer_unlearned = learn_or_hold(
+                self.transfer, self.transfer_unlearned, best,
+                tb is not None and 1.0 - best / math.exp(tb) >= p.threshold)
             if base.warm:
                 self.drift.update(math.log(obs) - lb)
                 if self.drift.drift_detected and end > self.frozen_until:
@@ -393,7 +410,10 @@ class KeyState:
         if transition == FIRE:
             mean = self.streak.mean_effect()
             fire_effect = effect if mean is None else mean
-            fired = FireEvidence(self.streak, fire_effect, self.straggler.straggler(effect=fire_effect),
+            usual = self.spread.log_baseline
+            fired = FireEvidence(self.streak, fire_effect,
+                                 self.straggler.straggler(effect=fire_effect,
+                                                          usual=1.0 if usual is None else math.exp(usual)),
                                  _top_scores(self.straggler))
             self.streak = Streak()
         elif transition == RESOLVE:
@@ -461,6 +481,8 @@ class KeyState:
             "spread": self.spread.to_state(),
             "spread_rule": self.spread_rule.to_state(),
             "spread_unlearned": list(self.spread_unlearned),
+            "transfer": self.transfer.to_state(),
+            "transfer_unlearned": list(self.transfer_unlearned),
         }
 
     @classmethod
@@ -492,6 +514,10 @@ class KeyState:
         obj.spread = RatioBaseline.from_state(st["spread"], **p.baseline)
         obj.spread_rule = SustainedRule.from_state(st["spread_rule"], **p.spread_rule)
         obj.spread_unlearned = list(st["spread_unlearned"])
+        # absent before 2026-11-26: a key restored from then learns its transfer anew
+        obj.transfer = (RatioBaseline.from_state(st["transfer"], **p.baseline) if "transfer" in st
+                        else RatioBaseline(**p.baseline))
+        obj.transfer_unlearned = list(st.get("transfer_unlearned", ()))
         obj.tags = {}
         return obj
 

@@ -67,7 +67,7 @@ COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "st
 class JobState:
     __slots__ = (
         "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
-        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed",
+        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved",
     )
 
     def __init__(self, job: str, cfg: DetectorConfig):
@@ -84,6 +84,9 @@ class JobState:
         self.throughput = ThroughputTracker(cfg)
         self.incidents: dict[str, Incident] = {}  # open ones, in opening order
         self.tp_suppressed = False
+        # Raised comm incidents resolved within reopen_s, by (type, scope): what a key
+        # firing again reopens.
+        self.resolved: dict[tuple[str, str], Incident] = {}
 
     def find(self, type_: str, scope: str | None) -> Incident | None:
         for inc in self.incidents.values():
@@ -356,7 +359,7 @@ class Pipeline:
                       **({"gpu": ks.rank_gpu[rank]} if rank in ks.rank_gpu else {})},
         )
         member = (*ks.tuple, "spread")
-        inc = self._find_live(job, "straggler", v.scope)
+        inc = self._find_live(job, "straggler", v.scope) or self._reopen(job, "straggler", v.scope, out)
         start = ks.spread_rule.start_ns if ks.spread_rule.start_ns is not None else job.watermark
         b = ks.baseline
         if inc is None:
@@ -402,10 +405,9 @@ class Pipeline:
             now_ns=job.watermark,
             recent_ns=job.lateness_ns + 2 * ks.window_ns,
         )
-        if v.type == "intra_node" and ks.transport != "nvlink":
-            inc = self._find_live(job, "intra_node", None)  # a mixed key joins the node's
-        else:
-            inc = self._find_live(job, v.type, v.scope)
+        # a mixed key joins the node's intra_node incident
+        scope = None if v.type == "intra_node" and ks.transport != "nvlink" else v.scope
+        inc = self._find_live(job, v.type, scope) or self._reopen(job, v.type, scope, out)
         start = ks.rule.start_ns if ks.rule.start_ns is not None else job.watermark
         if inc is None:
             inc = self._open(job, v, start, ks)
@@ -431,6 +433,27 @@ class Pipeline:
                     and (inc.confirmed or inc.start_ns >= late)):
                 return inc
         return None
+
+    def _reopen(self, job: JobState, type_: str, scope: str | None, out: list) -> Incident | None:
+        """The incident of this type and scope that resolved within ``reopen_s``, firing
+        again under its own id (an intermittent fault, not a new one), or None."""
+        since = job.watermark - int(self.cfg.reopen_s * 1e9)
+        for k, inc in list(job.resolved.items()):
+            if inc.end_ns is None or inc.end_ns < since:
+                del job.resolved[k]
+        found = next((k for k in job.resolved if k[0] == type_ and (scope is None or k[1] == scope)),
+                     None)
+        if found is None:
+            return None
+        inc = job.resolved.pop(found)
+        inc.end_ns = None
+        inc.members = []
+        inc.evidence.pop("resolved_because", None)
+        inc.evidence["reopened"] = inc.evidence.get("reopened", 0) + 1
+        inc.detected_ns = job.watermark
+        job.incidents[inc.id] = inc
+        self._emit(inc.event("firing", job.watermark), out)
+        return inc
 
     @staticmethod
     def _link_trouble(job: JobState, comm: str | None) -> bool:
@@ -652,6 +675,10 @@ class Pipeline:
             inc.evidence["resolved_because"] = reason
         del job.incidents[inc.id]
         self._emit(inc.event("resolved", max(job.watermark, inc.end_ns)), out)
+        if self.cfg.reopen_s > 0 and inc.type in COMM_TYPES and not reason:
+            if len(job.resolved) >= 64:
+                del job.resolved[next(iter(job.resolved))]
+            job.resolved[(inc.type, inc.scope)] = inc
 
     def _set_throughput(self, job: JobState, inc: Incident) -> bool:
         """Refresh a comm incident's throughput delta; True if its severity rose.
@@ -969,6 +996,7 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "throughput": job.throughput.to_state(),
         "incidents": [inc.to_state() for inc in job.incidents.values()],
         "tp_suppressed": job.tp_suppressed,
+        "resolved": [inc.to_state() for inc in job.resolved.values()],
     }
 
 
@@ -1002,6 +1030,9 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyPa
         inc = Incident.from_state(inc_state)
         job.incidents[inc.id] = inc
     job.tp_suppressed = st["tp_suppressed"]
+    for inc_state in st.get("resolved", ()):  # absent before 2026-11-26
+        inc = Incident.from_state(inc_state)
+        job.resolved[(inc.type, inc.scope)] = inc
     return job
 
 

@@ -168,7 +168,7 @@ class StragglerScorer(base.Base):
     def low_streak(self) -> int:
         return self._low_streak
 
-    def straggler(self, effect: float = 0.0) -> int | None:
+    def straggler(self, effect: float = 0.0, usual: float = 1.0) -> int | None:
         """The straggling rank, or None.
 
         A rank is the straggler when it has been the fastest-finishing rank by more than
@@ -177,11 +177,26 @@ class StragglerScorer(base.Base):
         ``1 - threshold`` (NVRx's rule) or it accounts for at least half of the
         key's observed loss ``effect`` (a straggler costing 15 % leaves the late rank at
         ~0.85 while a uniform slowdown leaves every rank at ~1.0).
+
+        ``usual`` is the key's usual spread (the lowest relative exec of a healthy group,
+        :class:`~.keys.KeyState`'s spread baseline): the relative exec is judged against
+        it, since a rank that always arrives last (it does more host work every step)
+        is how the job runs, not a new straggler.
+
+        >>> s = StragglerScorer(threshold=0.2, sustain=3)
+        >>> for _ in range(10):   # rank 0 always finishes at 0.6 of rank 1
+        ...     s.learn_one({0: 0.6, 1: 1.0})
+        >>> s.straggler(), s.straggler(usual=0.6)
+        (0, None)
+        >>> for _ in range(5):    # then much later than usual
+        ...     s.learn_one({0: 0.1, 1: 1.0})
+        >>> s.straggler(usual=0.6)
+        0
         """
         r = self._low_rank
         if r is None or self._low_streak < max(1, self.sustain - 1):
             return None
-        v = math.exp(self._rel.get(r, 0.0))
+        v = math.exp(self._rel.get(r, 0.0)) / min(1.0, max(usual, MIN_REL))
         if v < 1.0 - self.threshold or v <= 1.0 - max(self.margin, effect / 2.0):
             return r
         return None

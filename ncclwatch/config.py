@@ -207,7 +207,17 @@ class DetectorConfig:
     # before it is raised (as a warning), since its cost cannot be measured.
     threshold_without_throughput: float = 0.25
     straggler_score: float = 0.2
+    # A degraded window must also have lost at least this fraction of `threshold` in its
+    # best op instance (the one whose rank waited least, from each rank's fastest exec):
+    # a collective cannot beat its transfer, so a drop only in the typical instance is
+    # the ranks arriving further apart (host skew, a busy GPU), not a slower link.
+    # 0 turns the check off.
+    transfer_confirm: float = 0.5
     telemetry_timeout_s: float = 10.0
+    # A link or straggler incident firing again this soon (stream time) after it resolved,
+    # with the same type and scope, is reopened (same id, `evidence.reopened` counts)
+    # instead of raised anew: an intermittent fault is one incident. 0 turns it off.
+    reopen_s: float = 30.0
     # A window is degraded only if it is also this many noise sigmas below its baseline.
     z_min: float = 3.0
     # A key drifting down learns nothing for this many windows: enough for a ramp to cross

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 from ncclwatch.detectors.model import BusbwModel, ModelEntry
 from ncclwatch.detectors.pipeline import Pipeline
@@ -442,3 +443,35 @@ def test_a_key_back_from_silence_still_degraded_fires_a_new_anomaly():
             for e in events if e.type != "telemetry_loss"]
     assert comm == [("firing", 20, None, None), ("resolved", 20, 30, "keys_silent"),
                     ("firing", 45, None, None)]
+
+
+def test_a_fault_that_comes_back_soon_after_resolving_reopens_the_same_incident():
+    """An intermittent link (on 6 s, off 6 s) is one incident that fires and resolves
+    with one id, not a new page per pulse; with reopen_s 0 every pulse is its own."""
+    def bad(t):
+        return 20 <= t < 56 and (t - 20) % 12 < 6
+    events = feed(Pipeline(CFG), range(90), two_ranks(lambda t: 24.0 if bad(t) else 40.0))
+    assert len({e.id for e in events}) == 1
+    states = [e.state for e in events]
+    assert states.count("firing") == 3 and states[-1] == "resolved"
+    assert events[-1].evidence["reopened"] == 2 and s(events[-1].start_ns) == 20
+    apart = feed(Pipeline(replace(CFG, reopen_s=0.0)), range(90),
+                 two_ranks(lambda t: 24.0 if bad(t) else 40.0))
+    assert len({e.id for e in apart}) == 3
+
+
+def test_a_drop_only_in_the_typical_instance_is_waiting_not_a_slower_link():
+    """The ranks' p50 bus bandwidth falls 30 % while each rank's fastest instance keeps
+    the link's speed (they arrive further apart): no link incident; when the fastest
+    instances slow too, it fires."""
+    def waiting(t, rank, slow_p50, slow_min):
+        w = win(t, rank, 40.0 * (0.7 if slow_p50 else 1.0))
+        fast = int(67e6 / (40.0 * (0.7 if slow_min else 1.0)))
+        return replace(w, exec_ns_min=fast, exec_ns_p95=w.exec_ns_p50, exec_ns_max=w.exec_ns_p50)
+    quiet = feed(Pipeline(CFG), range(50), lambda t: [waiting(t, r, t >= 20, False) for r in (0, 1)])
+    assert quiet == []
+    unchecked = feed(Pipeline(replace(CFG, transfer_confirm=0.0)), range(50),
+                     lambda t: [waiting(t, r, t >= 20, False) for r in (0, 1)])
+    assert [e.state for e in unchecked] == ["firing"]  # what the check keeps quiet
+    slow = feed(Pipeline(CFG), range(50), lambda t: [waiting(t, r, t >= 20, t >= 20) for r in (0, 1)])
+    assert [(e.state, s(e.start_ns)) for e in slow] == [("firing", 20)]

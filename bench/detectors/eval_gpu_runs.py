@@ -9,7 +9,8 @@ For every run of ``tests/fixtures/gpu_runs/2026-11-23`` (or the directories give
 * a fault costing at least ``--gate`` (5 %) must be detected, with the right attribution
   (``network_path`` for a network fault; ``straggler`` naming a process on the slow GPU
   for a straggler), within ``--max-delay-s`` of its start; its severity must be
-  ``critical`` (the rule: critical exactly when the measured loss is >= 5 %);
+  ``critical`` (the rule: critical exactly when the measured loss is >= 5 %; a
+  ``throughput_drop``, not NCCL's fault, is a warning from 10 %, info below);
 * a fault below the gate, and a clean run, must raise nothing;
 * every firing incident that is not the one expected answer is a false alert (a second
   incident for the same fault counts too).
@@ -49,13 +50,25 @@ from ncclwatch.records import OpRecord
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
 GATE = 0.05
 SETTLE_NS = 2 * 10**9
+PULSE_SETTLE_NS = 10**9
 
 
 def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
-    """The job's throughput loss over [start, end], from its own step timings."""
+    """The job's throughput loss over [start, end], from its own step timings.
+
+    A pulsed fault (its injection lists ``on_spans_ns``) is measured over the spans it
+    was on, each after ``PULSE_SETTLE_NS``: the median over the whole period would pick
+    the off half of the steps and call an intermittent fault harmless.
+    """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
     before = [s["tflops_per_gpu"] for s in steps if s["ts_ns"] < start_ns]
-    during = [s["tflops_per_gpu"] for s in steps if start_ns + SETTLE_NS <= s["ts_ns"] <= end_ns]
+    spans = next((i["on_spans_ns"] for i in json.loads((run / "run.json").read_text()).get("injections", ())
+                  if i.get("on_spans_ns")), None)
+    if spans:
+        during = [s["tflops_per_gpu"] for s in steps
+                  if any(a + PULSE_SETTLE_NS <= s["ts_ns"] <= b for a, b in spans)]
+    else:
+        during = [s["tflops_per_gpu"] for s in steps if start_ns + SETTLE_NS <= s["ts_ns"] <= end_ns]
     if not before or not during:
         return 0.0
     return 1.0 - statistics.median(during) / statistics.median(before)
@@ -184,7 +197,11 @@ def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
                    delay_s=round(delay, 1), severity=matched[1]["severity"],
                    throughput_delta=ev.throughput_delta,
                    resolved_delta=matched[1]["resolved_delta"])
-        sev_ok = matched[1]["severity"] == ("critical" if row["drop"] >= GATE else "warning")
+        # A throughput drop without a comm cause is not NCCL's to page for: by design
+        # (docs/detectors.md) it is a warning from twice the gate, else info.
+        want = ("critical" if row["drop"] >= GATE else "warning") if faults[0]["type"] != "throughput_drop" \
+            else ("warning" if row["drop"] >= 2 * GATE else "info")
+        sev_ok = matched[1]["severity"] == want
         row["ok"] = delay <= max_delay_s and not false_alerts and sev_ok
     else:
         row.update(got="-", delay_s=None, severity=None)
