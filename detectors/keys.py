@@ -28,6 +28,7 @@ import msgspec
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import WindowSummary
 
+from .attribution import rule_degraded
 from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
 from .incidents import KeyTuple
 from .straggler import MIN_REL, StragglerScorer, relative_exec
@@ -529,7 +530,7 @@ class KeyView:
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
-        "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident",
+        "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
     )
 
     def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
@@ -555,6 +556,9 @@ class KeyView:
         self.hold: list[list] = []
         self.incident: str | None = None
         self.spread_incident: str | None = None
+        # End of the last window the key was degraded now in (firing, or one window
+        # short): a throughput drop whose span holds one is not "not NCCL".
+        self.degraded_ns = NEVER
 
     tuple = KeyState.tuple
     describe = KeyState.describe
@@ -588,6 +592,8 @@ class KeyView:
         self.rule.firing, self.rule.streak, self.rule.start_ns, self.rule.end_ns = v.rule
         sr = self.spread_rule
         sr.firing, sr.streak, sr.start_ns, sr.end_ns = v.spread_rule
+        if rule_degraded(self.rule) or rule_degraded(sr):
+            self.degraded_ns = v.end_ns
         if v.rank_host is not None:
             self.rank_host = v.rank_host
         if v.rank_gpu is not None:
@@ -614,6 +620,7 @@ class KeyView:
             "hold": [list(h) for h in self.hold],
             "incident": self.incident,
             "spread_incident": self.spread_incident,
+            "degraded_ns": self.degraded_ns,
         }
 
     @classmethod
@@ -634,6 +641,7 @@ class KeyView:
         obj.hold = [list(h) for h in st["hold"]]
         obj.incident = st["incident"]
         obj.spread_incident = st["spread_incident"]
+        obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
         return obj
 
     @classmethod

@@ -828,13 +828,16 @@ class Pipeline:
             for end, value in tp.windows(steps, w):
                 self._step(job, end - w, end, value, out)
 
-    def _comm_trouble(self, job: JobState) -> bool:
+    def _comm_trouble(self, job: JobState, since_ns: int | None = None) -> bool:
+        """A comm incident is open, or a key is degraded now (or, with ``since_ns``, was
+        at any time since then: a fault too short to fire a key still cost the steps)."""
         if any(inc.type in COMM_TYPES for inc in job.incidents.values()):
             return True
         now = job.watermark
         recent = job.lateness_ns + 2 * job.window_ns
         return any(
-            (degraded_now(ks) or rule_degraded(ks.spread_rule)) and now - ks.last_end_ns <= recent
+            ((degraded_now(ks) or rule_degraded(ks.spread_rule)) and now - ks.last_end_ns <= recent)
+            or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)
             for ks in job.keys.values()
         )
 
@@ -907,7 +910,7 @@ class Pipeline:
         )
         if not ready:
             return
-        if self._comm_trouble(job):
+        if self._comm_trouble(job, since_ns=tp.pending_fire):
             # A comm anomaly carries the loss. If the drop outlasts it, _step re-arms.
             job.tp_suppressed = True
             tp.pending_fire = None

@@ -59,8 +59,10 @@ def test_the_held_out_half_as_first_judged():
     table = eval_gpu_runs.markdown(list(rows.values()))
     for name in ("i-nvlink-1x1-rev", "p-nvlink-2x1", "p-tc-pulse-8g", "i-tc-short-12g", "i-strag-proc0-3x"):
         assert rows[name]["ok"], table
-    # The miss, as found: 3-s pulses seen through Inspector's dumps never hold a key
-    # degraded for sustain_windows on the first pulse, so the first pulse's cost is a
-    # throughput_drop ("not NCCL") and network_path comes on the second, 11 s in.
+    # The miss: 3-s pulses seen through Inspector's dumps never hold a key degraded for
+    # sustain_windows on the first pulse, so network_path comes on the second, 11 s in.
+    # As first judged, the first pulse's cost was also called a throughput_drop ("not
+    # NCCL"); a throughput drop now looks back at keys degraded during its span
+    # (changed after that judgement, so this run no longer counts as held out).
     miss = rows["i-tc-pulse-16g"]
-    assert miss["got"] == "network_path" and miss["false_alerts"] == ["throughput_drop@+6.3s"], table
+    assert miss["got"] == "network_path" and miss["false_alerts"] == [] and miss["delay_s"] > 5, table
