@@ -201,7 +201,7 @@ def gpu_runs_section() -> str:
 
 
 def gpu_runs_2026_11_26_section() -> str:
-    """The 12 runs of 2026-11-26, held-out half first."""
+    """The 19 runs of 2026-11-26, held-out batches first."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import eval_gpu_runs
 
@@ -217,13 +217,15 @@ def gpu_runs_2026_11_26_section() -> str:
         GPU_RUNS_11_26_HEAD,
         "### Held-out half (recorded after the changes below were committed, judged once)\n",
         table("heldout"), "", GPU_RUNS_11_26_HELDOUT,
+        "### Second held-out batch (recorded after all four changes, judged once)\n",
+        table("heldout_2"), "", GPU_RUNS_11_26_HELDOUT_2,
         "### Tuning half\n",
         table("tune"), "", GPU_RUNS_11_26_TUNE,
     ])
 
 
-GPU_RUNS_11_26_HEAD = """12 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-26`, README there; recorded with
-`bench/scenarios/plans/2026-11-26-{a,b,c}.json`), judged by the same rules with
+GPU_RUNS_11_26_HEAD = """19 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-26`, README there; recorded with
+`bench/scenarios/plans/2026-11-26-{a,b,c,d}.json`), judged by the same rules with
 `eval_gpu_runs.py tests/fixtures/gpu_runs/2026-11-26 --split all` and tested by
 `tests/test_gpu_runs_2026_11_26.py`. New against 11-23: a job on NVLink only with another
 process's peer copies on the GPUs (labelled by what the copies measurably did,
@@ -238,6 +240,11 @@ cost was called a `throughput_drop` ("not NCCL", a false alert) at +6.3 s, and
 `network_path` came with the second pulse at +11.3 s. Since then (so this run no longer
 counts as held out) a throughput drop looks back at keys degraded during its span, not
 only now: the false alert is gone, the 11.3 s delay stays (the table above is now).
+"""
+
+GPU_RUNS_11_26_HELDOUT_2 = """6 of 7 (0b9c2cd). The miss: `p-nvlink-2x2` gets the right answer, `throughput_drop`
+(warning), 5.9 s after the start, past the 5 s bound: a throughput drop waits
+`sustain_windows` for comm evidence before it says "not NCCL" (`n-nvlink-4x2`: 5.5 s).
 """
 
 GPU_RUNS_11_26_TUNE = """Before the changes (924e91c) this half was 2 of 6: stragglers named on NVLink keys where
