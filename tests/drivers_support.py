@@ -433,3 +433,58 @@ def window_scenario(
             )
         )
     return out
+
+
+def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list[Path]) -> dict:
+    """Recorded GPU runs (``bench/scenarios`` archives) the way a cluster sees them: each
+    through its own ``ncclwatch forward --once`` (its spool, or Inspector logs + training
+    logs) into fresh topics, then one ``ncclwatch worker`` over them; and local mode over
+    the same records. Returns the worker's events, local mode's per job, the unpacked
+    runs' directory and the worker's log."""
+    import tarfile
+
+    import eval_gpu_runs  # bench/detectors, on sys.path in the modules that use this
+    from ncclwatch.detectors import watch
+    from ncclwatch.ingest.recording import ReadStats, read_recording
+
+    env = topics_env(kafka_bootstrap)
+    create_topics(env)
+    records: list = []
+    names = []
+    for a in archives:
+        with tarfile.open(a) as tar:
+            tar.extractall(tmp, filter="data")
+        names.append(a.name.removesuffix(".tar.gz"))
+    # Forwarded in the order they were recorded, as one node's forwarder would have
+    # published them (a partition is a FIFO: a run forwarded after a later one would
+    # reach the worker with its time running backwards).
+    for name in sorted(names, key=lambda n: json.loads((tmp / n / "run.json").read_text())["launched_ns"]):
+        run = tmp / name
+        srcs, options = eval_gpu_runs.sources(run)
+        records += read_recording(srcs, ReadStats(), options)
+        args = ["--state-dir", str(tmp / "state" / name), "--node-id", "gpu-box",
+                "--no-delete-acked", "--compression", "gzip", "--metrics-port", "-1"]
+        if options.training_logs:  # Inspector user
+            empty = tmp / "empty" / name
+            empty.mkdir(parents=True)
+            args += ["--spool", str(empty), "--inspector-dir", str(srcs[0]), "--job", options.job]
+            for log in options.training_logs:
+                args += ["--training-log", log]
+        else:
+            args += ["--spool", str(srcs[0])]
+        fwd = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "forward", "--once", *args],
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        assert fwd.returncode == 0, (name, fwd.stderr[-3000:])
+    # Local mode over the same runs together, as the worker's partitions hold them (a
+    # run's records move the stream time of the jobs it shares a partition with).
+    records.sort(key=order_key)
+    local: dict[str, list] = {}
+    for e in watch.detect(load(None, environ=env), records):
+        local.setdefault(e.job, []).append(json.loads(to_json(e)))
+    expected = sum(len(v) for v in local.values())
+    worker = WorkerProcess(env, testing.unique_name("gpu"), tmp).start()
+    try:
+        events = read_events(env, min_count=expected, idle_s=8.0, timeout_s=240)
+    finally:
+        worker.stop()
+    return {"events": events, "local": local, "tmp": tmp, "log": worker.output()}

@@ -17,18 +17,15 @@ user has them (Inspector logs + Megatron-format training logs, one per rank).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from ncclwatch.detectors import watch
-from ncclwatch.ingest.recording import ReadStats, order_key, read_recording
+from ncclwatch.ingest.recording import ReadStats, read_recording
 
 from ncclwatch.config import load
-from ncclwatch.records import to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
@@ -94,54 +91,12 @@ def _identity(e: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
-    """Every run through its own ``ncclwatch forward --once`` (spool, or Inspector logs +
-    training logs) into fresh topics, then one ``ncclwatch worker`` over them; and local
-    mode over the same runs."""
-    from drivers_support import WorkerProcess, create_topics, read_events, topics_env
-    from ncclwatch_testkit import services as testing
+    """Every run through its own ``ncclwatch forward --once`` into fresh topics, then one
+    ``ncclwatch worker`` over them; and local mode over the same runs."""
+    from drivers_support import recorded_runs_through_worker
 
-    tmp = tmp_path_factory.mktemp("gpu-runs")
-    env = topics_env(kafka_bootstrap)
-    create_topics(env)
-    records: list = []
-    for name in ALL:
-        with tarfile.open(FIXTURES / f"{name}.tar.gz") as tar:
-            tar.extractall(tmp, filter="data")
-    # Forwarded in the order they were recorded, as one node's forwarder would have
-    # published them (a partition is a FIFO: a run forwarded after a later one would
-    # reach the worker with its time running backwards).
-    for name in sorted(ALL, key=lambda n: json.loads(
-            (tmp / n / "run.json").read_text())["launched_ns"]):
-        run = tmp / name
-        srcs, options = eval_gpu_runs.sources(run)
-        records += read_recording(srcs, ReadStats(), options)
-        args = ["--state-dir", str(tmp / "state" / name), "--node-id", "gpu-box",
-                "--no-delete-acked", "--compression", "gzip", "--metrics-port", "-1"]
-        if options.training_logs:  # Inspector user
-            empty = tmp / "empty" / name
-            empty.mkdir(parents=True)
-            args += ["--spool", str(empty), "--inspector-dir", str(srcs[0]), "--job", options.job]
-            for log in options.training_logs:
-                args += ["--training-log", log]
-        else:
-            args += ["--spool", str(srcs[0])]
-        fwd = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "forward", "--once", *args],
-                             env={**os.environ, **env}, capture_output=True, text=True,
-                             timeout=300)
-        assert fwd.returncode == 0, (name, fwd.stderr[-3000:])
-    # Local mode over the same runs together, as the worker's partitions hold them (a
-    # run's records move the stream time of the jobs it shares a partition with).
-    records.sort(key=order_key)
-    local: dict[str, list] = {}
-    for e in watch.detect(load(None, environ=env), records):  # the worker's partitions
-        local.setdefault(e.job, []).append(json.loads(to_json(e)))
-    expected = sum(len(v) for v in local.values())
-    worker = WorkerProcess(env, testing.unique_name("gpu26"), tmp).start()
-    try:
-        events = read_events(env, min_count=expected, idle_s=8.0, timeout_s=240)
-    finally:
-        worker.stop()
-    return {"events": events, "local": local, "tmp": tmp, "log": worker.output()}
+    return recorded_runs_through_worker(kafka_bootstrap, tmp_path_factory.mktemp("gpu-runs"),
+                                        [FIXTURES / f"{n}.tar.gz" for n in ALL])
 
 
 @pytest.mark.kafka
