@@ -54,7 +54,14 @@ from typing import Any
 from ncclwatch.detectors import faust_transport
 from ncclwatch.detectors.keys import encode_mark, encode_verdict
 from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
-from ncclwatch.detectors.stream import BatchOutcome, JobDetectors, KeyDetectors, StreamCore, collect_less_often
+from ncclwatch.detectors.stream import (
+    BatchOutcome,
+    JobDetectors,
+    KeyDetectors,
+    StreamCore,
+    TimeMerge,
+    collect_less_often,
+)
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
@@ -494,14 +501,15 @@ class Worker:
         self.dead_out = app.topic(names["dead_letter"], **raw)
         self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str,
                                extra_topic_configs={"max.message.bytes": str(STATE_MESSAGE_BYTES)})
+        merge = TimeMerge(max_hold_s=cfg.detector.merge_max_hold_s)
         if stage == "keys":
             # one time-merge group: the worker reads all its partitions abreast
-            self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state,
+            self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state, merge,
                                    state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
                                    save_every_s=save_every_s)
         else:
             detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs")
-            self.core = StreamCore(detectors, self._load_state, save_every_s=save_every_s)
+            self.core = StreamCore(detectors, self._load_state, merge, save_every_s=save_every_s)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
             names["windows"]: (WindowSummary,),

@@ -230,6 +230,10 @@ class DetectorConfig:
     # and at most once a forwarder is seen lagging.
     lateness_windows: int = 2
     max_lateness_windows: int = 8
+    # `worker`: an input partition that says it is behind but delivers nothing for this
+    # long stops holding the others back in the time merge (records then pass it, and
+    # what it delivers later is late). Longer suits a broker or a machine that stalls.
+    merge_max_hold_s: float = 10.0
     # `worker --stage keys`: a communicator of this many ranks or more keeps its open
     # groups' windows out of its saved state (a 16,384-rank group is ~13 MB of JSON, past
     # a Kafka message), acknowledging a window's message once its group closed.
@@ -245,6 +249,15 @@ class DetectorConfig:
     # from their changelog topic, so nothing there must survive a restart: empty means a
     # private temporary directory, removed at exit (never `<app-id>-data/` in the CWD).
     worker_data_dir: str = ""
+
+    def __post_init__(self) -> None:
+        # The knobs of 2026-11-26; the older ones are checked where they are used.
+        if not 0.0 <= self.transfer_confirm <= 1.0:
+            raise ValueError(f"detector.transfer_confirm must be in [0, 1], got {self.transfer_confirm}")
+        if not self.reopen_s >= 0.0:
+            raise ValueError(f"detector.reopen_s must be >= 0 seconds, got {self.reopen_s}")
+        if not self.merge_max_hold_s > 0.0:
+            raise ValueError(f"detector.merge_max_hold_s must be > 0 seconds, got {self.merge_max_hold_s}")
 
 
 @dataclass(frozen=True)

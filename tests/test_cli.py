@@ -110,3 +110,11 @@ def test_config_example_is_the_shipped_example_file_and_parses():
     r = ncclwatch("config", "example")
     assert r.stdout == (REPO / "ncclwatch" / "config.example.toml").read_text()
     assert tomllib.loads(r.stdout) == config.redacted(config.Config())
+
+
+@pytest.mark.parametrize("name,value", [("transfer_confirm", "2"), ("transfer_confirm", "-0.1"),
+                                        ("reopen_s", "-1"), ("merge_max_hold_s", "0")])
+def test_the_detector_knobs_of_2026_11_26_refuse_values_out_of_range(name, value):
+    with pytest.raises(config.ConfigError, match=f"detector.{name}"):
+        config.load(None, environ={f"NCCLWATCH_DETECTOR_{name.upper()}": value})
+    assert getattr(config.load(None, environ={}).detector, name) > -1  # the default loads
