@@ -36,6 +36,7 @@ from .sustained import FIRE, RESOLVE, SustainedRule
 
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 NEVER = -(1 << 62)  # before any time
+TRANSFER_HOLD_MAX = 64  # degraded best-instance windows held back from the key's transfer baseline
 
 
 class KeyParams:
@@ -363,18 +364,15 @@ class KeyState:
             effect = 1.0 - obs / b
             if effect >= p.threshold:
                 degraded = (lb - math.log(obs)) / base.rel_sigma >= p.z_min
-        tb = self.transfer.log_baseline
-        if tb is not None and best > 0 and degraded and p.transfer_confirm > 0:
-            # Slower in the typical instance but not in the best one: waiting, not transfer.
-            degraded = 1.0 - best / math.exp(tb) >= p.threshold * p.transfer_confirm
-        if best > 0:
-            self.transfer_unlearned = learn_or_hold(
-                self.transfer, self.transfer_unlearned, best,
-                tb is not None and 1.0 - best / math.exp(tb) >= p.threshold)
             if base.warm:
                 self.drift.update(math.log(obs) - lb)
                 if self.drift.drift_detected and end > self.frozen_until:
                     self.frozen_until = end + p.drift_freeze_windows * self.window_ns
+        tb = self.transfer.log_baseline
+        best_effect = 1.0 - best / math.exp(tb) if tb is not None and best > 0 else 0.0
+        if degraded and tb is not None and best > 0 and p.transfer_confirm > 0:
+            # Slower in the typical instance but not in the best one: waiting, not transfer.
+            degraded = best_effect >= p.threshold * p.transfer_confirm
         rule = self.rule
         was_firing = rule.firing
         transition = rule.update(effect, start, degraded)
@@ -401,6 +399,17 @@ class KeyState:
         else:
             self.unlearned = []
             self.frozen_obs = []
+        if transition is not None or rule.firing:
+            self.transfer_unlearned = []  # a fault's windows are not the link's normal
+        elif best > 0:
+            held = self.transfer_unlearned
+            if len(held) >= TRANSFER_HOLD_MAX:
+                # Slower at its best for this long without the key ever firing: the
+                # ranks' usual arrival order changed, not the link; where it settled is normal.
+                for v in held:
+                    self.transfer.learn_one(v)
+                held = []
+            self.transfer_unlearned = learn_or_hold(self.transfer, held, best, best_effect >= p.threshold)
         self.last_end_ns = end
         self.last_effect = effect
         self.last_observed = obs

@@ -475,3 +475,17 @@ def test_a_drop_only_in_the_typical_instance_is_waiting_not_a_slower_link():
     assert [e.state for e in unchecked] == ["firing"]  # what the check keeps quiet
     slow = feed(Pipeline(CFG), range(50), lambda t: [waiting(t, r, t >= 20, t >= 20) for r in (0, 1)])
     assert [(e.state, s(e.start_ns)) for e in slow] == [("firing", 20)]
+
+
+def test_a_long_fault_neither_grows_nor_teaches_the_transfer_baseline():
+    """Held-back best-instance windows are dropped while the key fires (as the main
+    baseline's are), so a long fault keeps no growing list and leaves the link's normal
+    where it was."""
+    def both_slow(t, rank):
+        w = win(t, rank, 24.0 if 20 <= t < 220 else 40.0)
+        return replace(w, exec_ns_min=w.exec_ns_p50, exec_ns_p95=w.exec_ns_p50, exec_ns_max=w.exec_ns_p50)
+    p = Pipeline(CFG)
+    events = feed(p, range(260), lambda t: [both_slow(t, r) for r in (0, 1)])
+    assert [e.state for e in events] == ["firing", "resolved"]
+    (ks,) = p._jobs["j"].stage.values()
+    assert len(ks.transfer_unlearned) == 0 and abs(ks.transfer.baseline - 40.0) < 0.5
