@@ -392,7 +392,12 @@ start_kafka() {
         -cp "$KAFKA_LIBS/*")
     if [[ ! -f $d/data/meta.properties ]]; then
         local cid
-        cid="$("$PY" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+        # Not starting with "-" (StorageTool would read it as an option), as Kafka's own ids.
+        cid="$("$PY" -c 'import base64, uuid
+c = "-"
+while c.startswith("-"):
+    c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+print(c)')"
         log "formatting Kafka storage (cluster id $cid)"
         "${jcmd[@]}" kafka.tools.StorageTool format -t "$cid" -c "$d/server.properties" \
             --ignore-formatted >>"$(logfile kafka)" 2>&1 \

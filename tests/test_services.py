@@ -246,3 +246,11 @@ def test_prometheus_rule_fires_into_alertmanager(services: Services) -> None:
     finally:
         rule.unlink(missing_ok=True)
         testing.reload(services.prometheus_url)
+
+
+def test_kafka_cluster_ids_never_start_with_a_dash():
+    """StorageTool reads ``-t -abc…`` as an option: one random id in 64 failed a CI run
+    (2026-11-26, the SASL broker of tests/test_kafka_auth.py)."""
+    ids = [testing.kafka_cluster_id() for _ in range(2000)]
+    assert not [c for c in ids if c.startswith("-")]
+    assert len(set(ids)) == 2000 and all(len(c) == 22 for c in ids)

@@ -326,6 +326,18 @@ class TcpGate:
             dst.shutdown(socket.SHUT_WR)
 
 
+def kafka_cluster_id() -> str:
+    """A random KRaft cluster id (base64url of a UUID) that does not start with "-":
+    StorageTool would read that as an option (1 id in 64), which Kafka's own
+    ``Uuid.randomUuid()`` avoids the same way (scripts/services.sh does too)."""
+    import base64
+
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 class PrivateKafka:
     """A single-node KRaft broker of one's own, from the jars ``scripts/setup.sh`` fetched:
     for faults the shared broker must not suffer (stopped, paused, killed) and for a
@@ -382,10 +394,7 @@ class PrivateKafka:
 
     def start(self, timeout: float = 90.0) -> PrivateKafka:
         if not (self.dir / "data" / "meta.properties").exists():
-            import base64
-
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            subprocess.run([*self.java, "kafka.tools.StorageTool", "format", "-t", cluster, "-c",
+            subprocess.run([*self.java, "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c",
                             str(self.dir / "server.properties")], check=True, capture_output=True, timeout=120)
         self._log = open(self.dir / "kafka.log", "a")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen([*self.java, "kafka.Kafka", str(self.dir / "server.properties")],
