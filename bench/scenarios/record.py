@@ -307,8 +307,13 @@ class Run:
         # Ranks that straggled over the same steps are one fault (one slow GPU).
         for (start_step, end_step), members in sorted(spans.items()):
             ranks = sorted(r for r, _, _ in members)
+            # Every rank slower is no straggler: the job computes slower and NCCL is not
+            # the cause, which the detectors call a throughput drop ("not NCCL").
+            everyone = set(ranks) >= set(self.ranks)
             self.labels.append({
-                "type": "straggler", "attribution": "straggler", "global_rank": ranks[0],
+                **({"type": "throughput_drop", "attribution": "unknown"} if everyone
+                   else {"type": "straggler", "attribution": "straggler"}),
+                "global_rank": ranks[0],
                 "global_ranks": ranks, "extra_matmuls": members[0][1]["extra_matmuls"],
                 "compute_factor": 1 + members[0][1]["extra_matmuls"] / self.matmuls_per_layer,
                 "start_ns": min(s["ts_ns"] for _, s, _ in members),
