@@ -46,6 +46,7 @@ class KeyParams:
         self.threshold = cfg.threshold
         self.z_min = cfg.z_min
         self.straggler_score = cfg.straggler_score
+        self.straggler_min_wait = cfg.straggler_min_wait
         self.transfer_confirm = cfg.transfer_confirm
         self.drift_freeze_windows = cfg.drift_freeze_windows
         self.silence_ns = int(cfg.telemetry_timeout_s * 1e9)
@@ -348,11 +349,14 @@ class KeyState:
                 moved = True
         self.host = h0 if single_host else None
         spread = None
+        wait = 0.0
         if n >= 2:
-            rel = relative_exec(aligned_exec(recs, n))
+            aligned = aligned_exec(recs, n)
+            rel = relative_exec(aligned)
             if rel:
                 self.straggler.learn_relative(rel)
                 spread = min(rel.values())
+                wait = waiting_share(aligned, group, self.window_ns)
 
         base = self.baseline
         lb = base.log_baseline
@@ -415,7 +419,7 @@ class KeyState:
         self.last_observed = obs
         spread_transition, spread_effect = None, 0.0
         if spread is not None:
-            spread_transition, spread_effect = self._spread_window(max(spread, MIN_REL), start, p)
+            spread_transition, spread_effect = self._spread_window(max(spread, MIN_REL), wait, start, p)
         fired = spread_fired = None
         if transition == FIRE:
             mean = self.streak.mean_effect()
@@ -444,15 +448,21 @@ class KeyState:
             rank_gpu=dict(rank_gpu) if moved else None, fired=fired, spread_fired=spread_fired,
         )
 
-    def _spread_window(self, spread: float, start: int, p: KeyParams) -> tuple[str | None, float]:
-        """The ranks' spread of one group through its own baseline and sustained rule."""
+    def _spread_window(self, spread: float, wait: float, start: int, p: KeyParams
+                       ) -> tuple[str | None, float]:
+        """The ranks' spread of one group through its own baseline and sustained rule.
+
+        ``wait`` is the share of the window the others spent waiting for the late rank
+        (:func:`waiting_share`): a spread far below its baseline is degraded only if
+        that waiting costs something.
+        """
         sb = self.spread
         lb = sb.log_baseline
         effect = 0.0
         degraded = False
         if lb is not None:
             effect = 1.0 - spread / math.exp(lb)
-            if effect >= p.straggler_score:
+            if effect >= p.straggler_score and wait >= p.straggler_min_wait:
                 degraded = (lb - math.log(spread)) / sb.rel_sigma >= p.z_min
         rule = self.spread_rule
         transition = rule.update(effect, start, degraded)
@@ -1042,6 +1052,29 @@ def aligned_exec(recs: list[WindowSummary], n: int) -> dict[int, float]:
         if 2 * overlap >= r.last_seq - r.first_seq + 1:
             out[r.rank] = r.exec_ns_p50
     return out
+
+
+def waiting_share(aligned: dict[int, float], group: dict[int, WindowSummary], window_ns: int) -> float:
+    """The share of a window the ranks spent waiting for its latest rank.
+
+    The rank arriving last has the shortest kernel (its peers spin in theirs until it
+    comes); each of its ops kept the others waiting about the median of their exec
+    times minus its own. ``aligned`` is :func:`aligned_exec` of ``group``.
+
+    >>> from types import SimpleNamespace as W
+    >>> g = {0: W(count=10), 1: W(count=10), 2: W(count=10)}
+    >>> waiting_share({0: 5e6, 1: 6e6, 2: 1e6}, g, 10**9)  # 10 ops, each 4.5 ms of waiting
+    0.045
+    >>> waiting_share({0: 5e6}, g, 10**9)
+    0.0
+    """
+    if len(aligned) < 2:
+        return 0.0
+    late = min(aligned, key=aligned.__getitem__)
+    others = sorted(v for r, v in aligned.items() if r != late)
+    m = len(others)
+    median = others[m >> 1] if m % 2 else (others[(m >> 1) - 1] + others[m >> 1]) / 2.0
+    return group[late].count * (median - aligned[late]) / window_ns
 
 
 # --- the wire format between the stages -----------------------------------------

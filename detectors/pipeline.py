@@ -896,9 +896,9 @@ class Pipeline:
             return
         t = tp.fire_ts
         now = job.watermark
-        # The comm keys get as long as the drop took to show up (sustain windows) to
-        # show theirs: a straggler's spread, say, may need a window more than the steps.
-        grace = self.cfg.sustain_windows * (job.window_ns or DEFAULT_WINDOW_NS)
+        # The comm keys get a few windows more to show theirs: a straggler's spread, say,
+        # may need a window more than the steps.
+        grace = self.cfg.throughput_grace_windows * (job.window_ns or DEFAULT_WINDOW_NS)
         ready = (
             not job.keys
             or tp.ts_ns - now > self._timeout_ns

@@ -203,10 +203,19 @@ class DetectorConfig:
     # A comm anomaly is raised only once it costs the job this much of its throughput
     # (and is then critical); NCCL slowing down without costing the job is no page.
     throughput_drop: float = 0.05
+    # A sustained throughput drop waits this many windows past the one that completed it
+    # for the comm windows of its time to show a cause (a key degraded since the drop
+    # began) before it is raised as "not NCCL".
+    throughput_grace_windows: int = 1
     # For a job that reports no throughput: how large a sustained busbw loss must be
     # before it is raised (as a warning), since its cost cannot be measured.
     threshold_without_throughput: float = 0.25
     straggler_score: float = 0.2
+    # The ranks' spread counts as a straggler's only while the others spend at least this
+    # share of a window waiting for the late rank (its op count times how much shorter
+    # its kernel is than the others' median): a rank arriving a fraction of a small
+    # kernel later costs nobody anything, however far the ratio moved. 0 turns it off.
+    straggler_min_wait: float = 0.01
     # A degraded window must also have lost at least this fraction of `threshold` in its
     # best op instance (the one whose rank waited least, from each rank's fastest exec):
     # a collective cannot beat its transfer, so a drop only in the typical instance is
@@ -252,6 +261,10 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         # The knobs of 2026-11-26; the older ones are checked where they are used.
+        if self.throughput_grace_windows < 0:
+            raise ValueError(f"detector.throughput_grace_windows must be >= 0, got {self.throughput_grace_windows}")
+        if not 0.0 <= self.straggler_min_wait < 1.0:
+            raise ValueError(f"detector.straggler_min_wait must be in [0, 1), got {self.straggler_min_wait}")
         if not 0.0 <= self.transfer_confirm <= 1.0:
             raise ValueError(f"detector.transfer_confirm must be in [0, 1], got {self.transfer_confirm}")
         if not self.reopen_s >= 0.0:

@@ -1,4 +1,4 @@
-"""The 19 real 2×H100 runs of 2026-11-26: faults the runs of 11-23 did not have.
+"""The 33 real 2×H100 runs of 2026-11-26: faults the runs of 11-23 did not have.
 
 ``tests/fixtures/gpu_runs/2026-11-26`` (README there): jobs on NVLink only with another
 process's peer copies competing on the GPUs, ``tc`` throttles switched on and off,
@@ -9,7 +9,10 @@ measurably did (``bench/scenarios/measure_fault.py``), not by what was meant.
 ``split.json``: the ``tune`` half was judged by the detectors of 924e91c (2 of 6 right)
 and shaped three changes; the ``heldout`` half was recorded after them and judged once
 (5 of 6), which led to a fourth; ``heldout_2`` was recorded after that one and judged
-once (6 of 7).
+once (6 of 7). ``heldout_3`` (small faults: stragglers 1.2-1.33x, ``tc`` 28-40 Gbit/s)
+was judged once by 2f9607b (7 of 7); ``heldout_4`` (every rank slower, ``tc`` 18-24
+Gbit/s, a 1.1x straggler) once by the same detector (5 of 7), and its misses led to
+``straggler_min_wait`` and ``throughput_grace_windows``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def _rows(split: str) -> dict[str, dict]:
     return {r["run"]: r for r in eval_gpu_runs.evaluate(dirs, CFG, 5.0)}
 
 
-HALVES = ("tune", "heldout", "heldout_2")
+HALVES = ("tune", "heldout", "heldout_2", "heldout_3", "heldout_4")
 
 
 def test_the_split_is_whole_and_disjoint():
@@ -55,11 +58,11 @@ def test_the_tuning_half():
     assert rows["p-tc-pulse-12g"]["got"] == "network_path" and rows["p-tc-pulse-12g"]["false_alerts"] == []
     # Competing copies that slow one GPU: that GPU's process is named, not the link.
     assert rows["n-nvlink-1x1"]["got"] == "straggler rank 1"
-    # Both GPUs slower, no link at fault: "not NCCL", a warning; found 0.5 s past the
-    # 5 s bound (the throughput decision waits sustain_windows for comm evidence).
+    # Both GPUs slower, no link at fault: "not NCCL", a warning. Found 5.5 s in while the
+    # throughput decision waited sustain_windows for comm evidence; one window since.
     slow = rows["n-nvlink-4x2"]
     assert slow["got"] == "throughput_drop" and slow["false_alerts"] == [], table
-    assert slow["severity"] == "warning" and slow["delay_s"] <= 6.0, table
+    assert slow["severity"] == "warning" and slow["ok"], table
 
 
 def test_the_held_out_half_as_first_judged():
@@ -83,9 +86,33 @@ def test_the_second_held_out_batch_as_first_judged():
     for name in ("i-clean-3", "i-nvlink-1x1-128", "i-tc-pulse-8g", "p-strag-gpu0-1.5x", "p-tc-pulse-20g",
                  "p-tc-short-24g"):
         assert rows[name]["ok"], table
-    # The miss: right answer, late (the throughput decision's wait for comm evidence).
+    # The miss as first judged: the right answer 5.9 s in, past the bound (the throughput
+    # decision waited sustain_windows for comm evidence); in time since it waits one.
     late = rows["p-nvlink-2x2"]
-    assert late["got"] == "throughput_drop" and late["false_alerts"] == [] and 5 < late["delay_s"] <= 6.5, table
+    assert late["got"] == "throughput_drop" and late["false_alerts"] == [] and late["ok"], table
+
+
+def test_the_third_held_out_batch_small_faults():
+    """Judged once by 2f9607b, 7 of 7; the same with the changes that the fourth batch led to."""
+    rows = _rows("heldout_3")
+    table = eval_gpu_runs.markdown(list(rows.values()))
+    assert len(rows) == 7 and all(r["ok"] for r in rows.values()), table
+    # A 1.2x straggler costing the job 6 % is found and named...
+    assert rows["p-strag-proc1-1.2x"]["got"] == "straggler rank 1", table
+    # ...and throttles costing it 1-4 % raise nothing, though their links slowed.
+    assert [rows[n]["expected"] for n in ("p-tc-32g", "i-tc-28g", "p-tc-40g-dp64")] == ["nothing (below gate)"] * 3
+
+
+def test_the_fourth_batch_every_rank_slower():
+    """Judged once by the same detector: 5 of 7. Every rank 1.3x slower (Inspector)
+    became a straggler on an NVLink key where rank 1 arrived ~0.1 ms later than before
+    (the others waited 0.2 % of the time: straggler_min_wait); the 1.2x one through the
+    plugin was the right throughput drop 6.5 s in (throughput_grace_windows)."""
+    rows = _rows("heldout_4")
+    table = eval_gpu_runs.markdown(list(rows.values()))
+    assert len(rows) == 7 and all(r["ok"] for r in rows.values()), table
+    for name in ("i-slow-all-1.3x", "p-slow-all-1.2x"):
+        assert rows[name]["got"] == "throughput_drop" and rows[name]["severity"] == "warning", table
 
 
 # -- the cluster path: forward -> Kafka -> worker ---------------------------------------------
