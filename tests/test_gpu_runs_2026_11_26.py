@@ -1,4 +1,4 @@
-"""The 33 real 2×H100 runs of 2026-11-26: faults the runs of 11-23 did not have.
+"""The 40 real 2×H100 runs of 2026-11-26: faults the runs of 11-23 did not have.
 
 ``tests/fixtures/gpu_runs/2026-11-26`` (README there): jobs on NVLink only with another
 process's peer copies competing on the GPUs, ``tc`` throttles switched on and off,
@@ -12,7 +12,9 @@ and shaped three changes; the ``heldout`` half was recorded after them and judge
 once (6 of 7). ``heldout_3`` (small faults: stragglers 1.2-1.33x, ``tc`` 28-40 Gbit/s)
 was judged once by 2f9607b (7 of 7); ``heldout_4`` (every rank slower, ``tc`` 18-24
 Gbit/s, a 1.1x straggler) once by the same detector (5 of 7), and its misses led to
-``straggler_min_wait`` and ``throughput_grace_windows``.
+``straggler_min_wait`` and ``throughput_grace_windows``; ``heldout_5`` (every rank
+slower on three job shapes, stragglers on ranks 2 and 3) was recorded after those and
+judged once (7 of 7).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _rows(split: str) -> dict[str, dict]:
     return {r["run"]: r for r in eval_gpu_runs.evaluate(dirs, CFG, 5.0)}
 
 
-HALVES = ("tune", "heldout", "heldout_2", "heldout_3", "heldout_4")
+HALVES = ("tune", "heldout", "heldout_2", "heldout_3", "heldout_4", "heldout_5")
 
 
 def test_the_split_is_whole_and_disjoint():
@@ -115,9 +117,20 @@ def test_the_fourth_batch_every_rank_slower():
         assert rows[name]["got"] == "throughput_drop" and rows[name]["severity"] == "warning", table
 
 
+def test_the_fifth_held_out_batch_after_the_waiting_rule():
+    """Recorded after 72ab57a and judged once with it: 7 of 7."""
+    rows = _rows("heldout_5")
+    table = eval_gpu_runs.markdown(list(rows.values()))
+    assert len(rows) == 7 and all(r["ok"] for r in rows.values()), table
+    slow_all = [n for n in rows if "slow-all" in n]
+    assert len(slow_all) == 4 and {rows[n]["got"] for n in slow_all} == {"throughput_drop"}, table
+    assert all(rows[n]["delay_s"] <= 5 for n in slow_all), table
+
+
 # -- the cluster path: forward -> Kafka -> worker ---------------------------------------------
 
-KAFKA_RUNS = ("n-nvlink-1x1", "n-nvlink-4x2", "p-tc-pulse-12g", "i-tc-pulse-16g", "p-tc-short-16g")
+KAFKA_RUNS = ("n-nvlink-1x1", "n-nvlink-4x2", "p-tc-pulse-12g", "i-tc-pulse-16g", "p-tc-short-16g",
+              "i-slow-all-1.3x", "p-strag-proc1-1.2x")
 
 
 @pytest.mark.kafka

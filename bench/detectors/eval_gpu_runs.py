@@ -173,7 +173,9 @@ def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
         f = faults[0]
         drop = measured_drop(run, f["start_ns"], f["end_ns"])
         kind = f["type"]
-        row.update(fault=f.get("injector") or f"straggler x{f.get('compute_factor', '?')}",
+        who = "every rank" if kind == "throughput_drop" else "straggler"
+        cf = f.get("compute_factor")
+        row.update(fault=f.get("injector") or f"{who} x{'?' if cf is None else round(cf, 2)}",
                    drop=round(drop, 4),
                    expected=kind if drop >= GATE else "nothing (below gate)")
     matched = None
