@@ -99,7 +99,7 @@ def write_demo_spool(
     t0_ns: int | None = None,
     straggler_s: tuple[int, int] = (40, 70),
     straggler_rank: int = 1,
-    straggler_delay: float = 0.6,
+    straggler_late_ms: float = 10.0,
     network_s: tuple[int, int] = (100, 150),
     network_loss: float = 0.35,
     seed: int = 7,
@@ -147,13 +147,17 @@ def write_demo_spool(
                 base_ns = _exec_ns(c.op, nbytes, len(c.members), speed)
                 start = t0_ns + s * 10**9 + k * (10**9 // OPS_PER_S) + c_i * 20_000_000
                 late = straggling and straggler_rank in c.members
+                # The straggler's slower step makes it late by the same time for every
+                # collective, whatever its size: 10 ms at 4 ops/s keeps the others
+                # waiting 4 % of the time (the job's 7 % loss below, spread over its comms).
+                late_ns = int(straggler_late_ms * 1e6)
                 for rank, g in enumerate(c.members):
                     exec_ns = int(base_ns * rnd.uniform(0.97, 1.03))
                     start_ns = start
                     if late and g == straggler_rank:
-                        start_ns += int(base_ns * straggler_delay)  # arrives late, waits least
+                        start_ns += late_ns  # arrives late, waits least
                     elif late:
-                        exec_ns += int(base_ns * straggler_delay)  # waits for the straggler
+                        exec_ns += late_ns  # waits for the straggler
                     rec = op_record(job=job, host=host_of(g), pid=pid_of(g), gpu=f"GPU-{g}", comm=c.comm,
                                     rank=rank, seq=seq, start_ns=start_ns, op=c.op, nbytes=nbytes,
                                     nranks=len(c.members), nnodes=nnodes, exec_ns=exec_ns,
@@ -214,7 +218,7 @@ def write_demo_spool(
                 start_ns=t0_ns + straggler_s[0] * 10**9, end_ns=t0_ns + straggler_s[1] * 10**9,
                 type="straggler", attribution="straggler", rank=world.members.index(straggler_rank),
                 comm=world.comm, host=host_of(straggler_rank),
-                note=f"global rank {straggler_rank} arrives {straggler_delay:.0%} of an op late",
+                note=f"global rank {straggler_rank} arrives {straggler_late_ms:g} ms late for every op",
             ),
             Label(
                 start_ns=t0_ns + network_s[0] * 10**9, end_ns=t0_ns + network_s[1] * 10**9,
