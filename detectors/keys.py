@@ -126,6 +126,7 @@ class SpreadEvidence:
     low_rank: int | None
     low_streak: int
     rank_scores: list[list]
+    waiting: float = 0.0  # the firing window's waiting share (waiting_share); 0 in older verdicts
 
 
 class RuleView:
@@ -434,7 +435,7 @@ class KeyState:
             self.streak = Streak()
         if spread_transition == FIRE:
             sc = self.straggler
-            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, _top_scores(sc))
+            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, _top_scores(sc), round(wait, 6))
         ex = sorted([r.exec_ns_p50 for r in recs])
         return KeyVerdict(
             job=first.job, key=self.tuple, comm_name=self.comm_name, window_ns=self.window_ns,

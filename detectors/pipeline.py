@@ -355,7 +355,7 @@ class Pipeline:
             "straggler", "straggler", scope=host if host is not None else f"{ks.comm}/{rank}",
             host=host, rank=rank,
             evidence={"rank_scores": sc.rank_scores, "comm": ks.comm,
-                      "spread_effect": round(spread_effect, 6),
+                      "spread_effect": round(spread_effect, 6), "waiting_share": sc.waiting,
                       **({"gpu": ks.rank_gpu[rank]} if rank in ks.rank_gpu else {})},
         )
         member = (*ks.tuple, "spread")
