@@ -210,24 +210,23 @@ def gpu_runs_2026_11_26_section() -> str:
     cfg = config.load(None, environ={})
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([str(root)], "all"), cfg, 5.0)}
 
-    def table(half: str) -> str:
-        return eval_gpu_runs.markdown([rows[n] for n in sorted(split[half])])
-    return "\n".join([
-        "## Recorded GPU runs of 2026-11-26 (NVLink contention, pulsed and short faults)\n",
-        GPU_RUNS_11_26_HEAD,
-        "### Fifth batch, held out (recorded after the waiting rule, judged once)\n",
-        table("heldout_5"), "", GPU_RUNS_11_26_HELDOUT_5,
-        "### Fourth batch (every rank slower; judged once, then it shaped two changes)\n",
-        table("heldout_4"), "", GPU_RUNS_11_26_HELDOUT_4,
-        "### Third batch, held out (small faults, judged once)\n",
-        table("heldout_3"), "", GPU_RUNS_11_26_HELDOUT_3,
-        "### Held-out half (recorded after the changes below were committed, judged once)\n",
-        table("heldout"), "", GPU_RUNS_11_26_HELDOUT,
-        "### Second held-out batch (recorded after all four changes, judged once)\n",
-        table("heldout_2"), "", GPU_RUNS_11_26_HELDOUT_2,
-        "### Tuning half\n",
-        table("tune"), "", GPU_RUNS_11_26_TUNE,
-    ])
+    halves = (  # (split half, heading, what was judged when), newest first
+        ("heldout_5", "Fifth batch, held out (recorded after the waiting rule, judged once)",
+         GPU_RUNS_11_26_HELDOUT_5),
+        ("heldout_4", "Fourth batch (every rank slower; judged once, then it shaped two changes)",
+         GPU_RUNS_11_26_HELDOUT_4),
+        ("heldout_3", "Third batch, held out (small faults, judged once)", GPU_RUNS_11_26_HELDOUT_3),
+        ("heldout", "Held-out half (recorded after the changes below were committed, judged once)",
+         GPU_RUNS_11_26_HELDOUT),
+        ("heldout_2", "Second held-out batch (recorded after all four changes, judged once)",
+         GPU_RUNS_11_26_HELDOUT_2),
+        ("tune", "Tuning half", GPU_RUNS_11_26_TUNE),
+    )
+    parts = ["## Recorded GPU runs of 2026-11-26 (NVLink contention, pulsed and short faults)\n",
+             GPU_RUNS_11_26_HEAD]
+    for half, heading, prose in halves:
+        parts += [f"### {heading}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[half])]), "", prose]
+    return "\n".join(parts)
 
 
 GPU_RUNS_11_26_HEAD = """40 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-26`, README there; recorded with
