@@ -246,8 +246,8 @@ this batch: four every-rank slowdowns called a straggler or found 5.8–16.2 s i
 """
 
 GPU_RUNS_11_26_HELDOUT_4 = """First judged (2f9607b): 5 of 7. `i-slow-all-1.3x` was a straggler on an NVLink
-ReduceScatter whose late rank kept the other waiting 0.16 % of the time (real stragglers:
-7–11 % on the key they fire on); `p-slow-all-1.2x` was the right `throughput_drop`, 6.5 s
+ReduceScatter whose late rank kept the other waiting 0.16 % of the time (the 17 real stragglers:
+5.9–58.5 % on their worst key); `p-slow-all-1.2x` was the right `throughput_drop`, 6.5 s
 in. Since then (72ab57a, `docs/detectors.md`): `straggler_min_wait` and
 `throughput_grace_windows`; the table above is now, and this batch no longer counts as
 held out.

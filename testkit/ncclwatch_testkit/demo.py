@@ -134,6 +134,10 @@ def write_demo_spool(
                 )
             )
         )
+    # The straggler's slower step makes it late by the same time for every collective,
+    # whatever its size: 10 ms at 4 ops/s keeps the others waiting 4 % of the time (the
+    # job's 7 % loss below, spread over its communicators).
+    late_ns = int(straggler_late_ms * 1e6)
     for s in range(seconds):
         straggling = straggler_s[0] <= s < straggler_s[1]
         degraded = network_s[0] <= s < network_s[1]
@@ -147,10 +151,6 @@ def write_demo_spool(
                 base_ns = _exec_ns(c.op, nbytes, len(c.members), speed)
                 start = t0_ns + s * 10**9 + k * (10**9 // OPS_PER_S) + c_i * 20_000_000
                 late = straggling and straggler_rank in c.members
-                # The straggler's slower step makes it late by the same time for every
-                # collective, whatever its size: 10 ms at 4 ops/s keeps the others
-                # waiting 4 % of the time (the job's 7 % loss below, spread over its comms).
-                late_ns = int(straggler_late_ms * 1e6)
                 for rank, g in enumerate(c.members):
                     exec_ns = int(base_ns * rnd.uniform(0.97, 1.03))
                     start_ns = start
