@@ -11,7 +11,9 @@ On each check, against the job's stream time ``now``:
 - a host is *silent* when none of its ranks reported for ``timeout`` (the job's stream
   time only advances while other hosts still report);
 - a host *drops* when drop records (or growing ``plugin_stats.dropped`` counters)
-  arrived within ``timeout``.
+  arrived within ``timeout``. Drops read after that (their topic lagged behind the
+  windows, or a catching-up worker's time merge let the windows pass them) are still
+  reported, once: they happened, and forgetting them would say "nothing was lost".
 
 Problems are reported per host, which is what an operator can go and look at.
 """
@@ -29,14 +31,16 @@ class TelemetryTracker:
     def __init__(self) -> None:
         self.rank_last: dict[tuple[str, int], int] = {}  # (comm, rank) -> last window end
         self.rank_host: dict[tuple[str, int], str] = {}
-        self.drops: dict[str, list] = {}  # host -> [first_ts, last_ts, count, {reason: n}]
+        # host -> [first_ts, last_ts, count, {reason: n}, reported by check() yet]
+        self.drops: dict[str, list] = {}
         self.plugin_dropped: dict[str, int] = {}  # "host\x1fpid" -> last cumulative total
         self.resumed: dict[str, int] = {}  # host -> start of its first window after a gap
 
     def see_drop(self, host: str, ts_ns: int, count: int, reason: str) -> None:
         d = self.drops.get(host)
         if d is None:
-            d = self.drops[host] = [ts_ns, ts_ns, 0, {}]
+            d = self.drops[host] = [ts_ns, ts_ns, 0, {}, False]
+        d[0] = min(d[0], ts_ns)
         d[1] = max(d[1], ts_ns)
         d[2] += count
         d[3][reason] = d[3].get(reason, 0) + count
@@ -56,10 +60,12 @@ class TelemetryTracker:
         # and no need for the walk below, once a window over every rank of a large job.
         if self.rank_last and now_ns - min(self.rank_last.values()) > timeout_ns:
             self._check_silent(now_ns, timeout_ns, out)
-        for host, (first, last, count, reasons) in list(self.drops.items()):
-            if now_ns - last > timeout_ns:
+        for host, d in list(self.drops.items()):
+            first, last, count, reasons, reported = d
+            if now_ns - last > timeout_ns and reported:
                 del self.drops[host]  # old news: a later drop starts a new episode
                 continue
+            d[4] = True
             p = out.get(host)
             if p is None:
                 p = out[host] = _problem(first)
@@ -104,8 +110,10 @@ class TelemetryTracker:
         for c, r, h, last in state["ranks"]:
             obj.rank_last[(c, r)] = last
             obj.rank_host[(c, r)] = h
-        for h, first, last, count, reasons in state["drops"]:
-            obj.drops[h] = [first, last, count, dict(reasons)]
+        for h, first, last, count, reasons, *reported in state["drops"]:
+            # states saved before the flag: not reported yet (an open incident for the
+            # host keeps a second check from firing again)
+            obj.drops[h] = [first, last, count, dict(reasons), bool(reported and reported[0])]
         obj.plugin_dropped = dict(state["plugin_dropped"])
         obj.resumed = dict(state["resumed"])
         return obj

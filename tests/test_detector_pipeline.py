@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import replace
 
 from ncclwatch.detectors.model import BusbwModel, ModelEntry
 from ncclwatch.detectors.pipeline import Pipeline
+from ncclwatch.detectors.telemetry import TelemetryTracker
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import (
@@ -252,6 +254,38 @@ def test_drop_records_are_telemetry_loss_at_info():
     assert [(e.type, e.state, e.host, e.severity) for e in events] == [
         ("telemetry_loss", "firing", "h1", "info"), ("telemetry_loss", "resolved", "h1", "info")]
     assert events[0].evidence["drops"]["count"] == 12
+
+
+def test_drop_records_read_after_their_timeout_are_still_reported_once():
+    """The telemetry topic lagged: the drops of t = 20 s are read with the windows of
+    t = 31 s, past the 5-s timeout. They happened: one firing with their own start, and
+    its resolution, not silence (seen: a catching-up Faust worker whose time merge let
+    the windows pass a stuck telemetry partition)."""
+    p = Pipeline(DetectorConfig(warmup_windows=5, telemetry_timeout_s=5))
+
+    def make(t):
+        recs = two_ranks(lambda t: 40.0)(t)
+        if t == 31:
+            recs.append(DropRecord(job="j", host="h1", pid=7, gpu="g", rank=1,
+                                   ts_ns=(T0 + 20) * S, reason="ring_full", count=12, total=12))
+        return recs
+
+    events = feed(p, range(40), make)
+    assert [(e.type, e.state, e.host) for e in events] == [
+        ("telemetry_loss", "firing", "h1"), ("telemetry_loss", "resolved", "h1")]
+    firing, resolved = events
+    assert s(firing.start_ns) == 20 and s(firing.detected_ns) >= 31
+    assert s(resolved.end_ns) == 20 and firing.evidence["drops"]["count"] == 12
+
+
+def test_a_saved_state_keeps_whether_its_drops_were_reported():
+    tracker = TelemetryTracker()
+    tracker.see_drop("h1", 20 * S, 3, "ring_full")
+    assert set(tracker.check(40 * S, 5 * S)) == {"h1"}  # late: reported once
+    again = TelemetryTracker.from_state(json.loads(json.dumps(tracker.to_state())))
+    assert again.check(41 * S, 5 * S) == {}  # not a second time after a restart
+    old = {**tracker.to_state(), "drops": [["h1", 20 * S, 20 * S, 3, {"ring_full": 3}]]}
+    assert set(TelemetryTracker.from_state(old).check(41 * S, 5 * S)) == {"h1"}  # saved before the flag
 
 
 def test_growing_plugin_stats_drop_counters_count_as_drops():
