@@ -44,7 +44,7 @@ from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.parse import FastOpRecord, parse
 from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
-from ncclwatch.ingest.trainlog import RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import MegatronFlops, RankMerge, ThroughputParser
 from ncclwatch.ingest.windows import Windower
 
 from ncclwatch import private
@@ -218,6 +218,7 @@ class Forwarder:
         # logs into the job's series (ingest/trainlog.py: the rule, shared with watch).
         self.tp_parsers: dict[str, ThroughputParser] = {}
         self.tp_merge = RankMerge()
+        self.tp_megatron = MegatronFlops()  # the arguments rank 0's log printed, for every rank's
         self.tp_job = opts.job or job_id()
         self.inspector_skipped: collections.Counter = collections.Counter()
         if opts.training_logs:
@@ -705,10 +706,13 @@ class Forwarder:
             if parser is None:
                 parser = self.tp_parsers[src] = ThroughputParser(
                     job=self.tp_job, host=self.host, regex=self._tp_regex(),
-                    timezone=self.cfg.ingest.trainlog_timezone)
+                    timezone=self.cfg.ingest.trainlog_timezone, megatron=self.tp_megatron)
                 self.tp_merge.expect(src)
             for line in chunk.lines():
                 if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
+                    if parser.megatron is not None and line.next_offset <= floor:
+                        # sent before a restart: the arguments it printed still count
+                        parser.megatron.read(line.raw.decode("utf-8", errors="replace"))
                     n += 1
                     continue
                 untimed = parser.untimed

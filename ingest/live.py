@@ -26,7 +26,7 @@ from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.recording import Options, inspector_job
 from ncclwatch.ingest.spool import FileTailer, Line, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
-from ncclwatch.ingest.trainlog import RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import MegatronFlops, RankMerge, ThroughputParser
 
 TRAINLOG_KEY = "training-log"
 
@@ -65,6 +65,7 @@ class LiveSources:
         self.job = options.job or (next(iter(named)) if len(named) == 1 else "") or job_id()
         self.merge = RankMerge()
         self._parsers: dict[str, ThroughputParser] = {}
+        self._megatron = MegatronFlops()  # the arguments rank 0's log printed, for every rank's
         self._inspector_jobs: dict[str, str] = {}
         self.skipped: dict[str, int] = {}
 
@@ -155,7 +156,8 @@ class LiveSources:
         parser = self._parsers.get(line.source)
         if parser is None:
             parser = self._parsers[line.source] = ThroughputParser(
-                job=self.job, host=self.host, regex=self.options.throughput_regex, timezone=self.options.timezone
+                job=self.job, host=self.host, regex=self.options.throughput_regex, timezone=self.options.timezone,
+                megatron=self._megatron,
             )
         rec = parser.parse(line.raw.decode("utf-8", errors="replace"), time.time_ns())
         if rec is not None:

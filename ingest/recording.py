@@ -54,7 +54,7 @@ from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
 from ncclwatch.ingest.parse import parse as fast_parse
 from ncclwatch.ingest.parse import to_record
-from ncclwatch.ingest.trainlog import DEFAULT_REGEX, RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import DEFAULT_REGEX, MegatronFlops, RankMerge, ThroughputParser
 
 from ncclwatch.records import (
     Quarantined,
@@ -366,15 +366,25 @@ def expand_globs(patterns: Iterable[str]) -> list[Path]:
     return [Path(p) for p in out]
 
 
+_ARGUMENT_LINES = 5000  # Megatron prints its arguments within a log's first lines
+
+
 def read_training_logs(
     paths: Iterable[Path], *, job: str, options: Options, stats: ReadStats, host: str = ""
 ) -> list[ThroughputRecord]:
     """One job throughput series from per-rank logs (:class:`RankMerge`, read whole)."""
     merge = RankMerge(hold_s=None)  # the files are whole: every rank's report is there
+    megatron = MegatronFlops()  # the arguments rank 0 printed serve every rank's log
+    paths = list(paths)
+    for path in paths:  # read them first, whichever log has them: they head it
+        with _open_bytes(path) as f:
+            for _, raw in zip(range(_ARGUMENT_LINES), f, strict=False):
+                megatron.read(raw.decode("utf-8", errors="replace"))
     read_ns = time.time_ns()
     for path in paths:
         parser = ThroughputParser(
-            job=job, host=host or path.stem, regex=options.throughput_regex, timezone=options.timezone
+            job=job, host=host or path.stem, regex=options.throughput_regex, timezone=options.timezone,
+            megatron=megatron,
         )
         with _open_bytes(path) as f:
             for raw in f:

@@ -6,9 +6,16 @@ The default pattern is Megatron-LM / NeMo's iteration line::
      | throughput per GPU (TFLOP/s/GPU): 310.2 | ...
 
 ``config.ingest.throughput_regex`` replaces it; its named group ``tflops`` is required,
-``step`` and ``tokens`` are optional. Without a ``step`` group the step is read from
-``iteration <n>`` on the same line, else counted from 0. Lines that do not match are not
-errors: a training log is mostly other text.
+``step`` and ``tokens`` are optional.
+
+Megatron prints that figure only with ``--log-throughput`` (off by default). Without it,
+the default pattern falls back on the iteration line's ``elapsed time per iteration
+(ms)`` and computes TFLOP/s per GPU as Megatron would (:class:`MegatronFlops`), from the
+arguments Megatron prints at start; a log with neither gives no throughput.
+
+Without a ``step`` group the step is read from ``iteration <n>`` on the same line, else
+counted from 0. Lines that do not match are not errors: a training log is mostly other
+text.
 
 Time: a line's own timestamp, when it starts with one (:class:`LineClock`), is when the
 iteration was logged; the time the line was read is only the fallback for lines without
@@ -42,6 +49,11 @@ from ncclwatch.records import ThroughputRecord
 
 DEFAULT_REGEX = IngestConfig.throughput_regex
 _STEP = re.compile(r"\biteration\s+(\d+)")
+_ELAPSED_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
+_BATCH = re.compile(r"global batch size:\s*(\d+)")
+# Megatron's ``print_args``: "  hidden_size ........ 4096", after a launcher's rank tag if any
+_ARG = re.compile(r"^(?:\[[^\]]*\]:|\d+:)?\s*([a-z_][a-z0-9_]*) \.{2,} (\S+)\s*$")
+_PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 # A timestamp near the start of a line: Megatron's ``[2026-11-22 03:25:28.104489]``,
 # NeMo's ``[NeMo I 2026-11-22 03:25:28 nemo_logging:349]``, Python logging's
@@ -129,6 +141,90 @@ class LineClock:
         return int(dt.timestamp()) * 10**9 + int((frac + "000000000")[:9])
 
 
+class MegatronFlops:
+    """TFLOP/s per GPU from an iteration time, as Megatron computes them.
+
+    Megatron's ``training_log`` divides ``num_floating_point_operations(args, global
+    batch)`` by the iteration time and the world size; this reads the arguments it
+    printed at start (``print_args``: one ``name ..... value`` line each, and its
+    ``> padded vocab`` line) and does the same for the dense and MoE GPT formula
+    (attention with grouped queries, (Swi)GLU MLP, routed and shared experts, logits).
+    Newer model kinds (multi-latent attention, hybrid Mamba) are counted as that
+    formula would; their absolute figure may then differ from Megatron's own, but a
+    run's series stays proportional to its iterations per second, which is all the
+    detectors compare. Several ranks' logs of one job share one instance: the
+    arguments are in rank 0's log, the iteration lines in the last rank's.
+
+    >>> m = MegatronFlops()
+    >>> for line in ["  hidden_size ..... 4096", "[default0]:  num_layers ....... 32",
+    ...              "  num_attention_heads ..... 32", "  seq_length ..... 4096",
+    ...              "  ffn_hidden_size ..... 11008", "  swiglu ..... True",
+    ...              "  world_size ..... 64", " > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)"]:
+    ...     _ = m.read(line)
+    >>> round(m.tflops(iteration_ms=12_000.0, global_batch=512), 1)  # Llama-2-7B-like
+    125.8
+    >>> MegatronFlops().tflops(iteration_ms=100.0, global_batch=8) is None  # no arguments seen
+    True
+    """
+
+    NEEDED = ("hidden_size", "num_layers", "num_attention_heads", "seq_length", "world_size")
+
+    def __init__(self) -> None:
+        self.args: dict[str, str] = {}
+
+    def read(self, line: str) -> bool:
+        """Remember the argument this line prints; False if it prints none."""
+        if "..." in line:
+            m = _ARG.match(line)
+            if m is not None:
+                self.args[m.group(1)] = m.group(2)
+                return True
+        elif "padded vocab" in line:
+            m = _PADDED_VOCAB.search(line)
+            if m is not None:
+                self.args["padded_vocab_size"] = m.group(1)
+                return True
+        return False
+
+    def _num(self, name: str, default: float | None = None) -> float | None:
+        v = self.args.get(name)
+        try:
+            x = float(v) if v is not None and v != "None" else default
+        except ValueError:
+            return default
+        return x if x is None or (math.isfinite(x) and x >= 0) else default
+
+    def _flag(self, name: str) -> bool:
+        return self.args.get(name) == "True"
+
+    def flops(self, global_batch: int) -> float | None:
+        """Model FLOPs of one iteration of ``global_batch`` sequences (forward and back)."""
+        h, layers, heads, seq, _ = (self._num(k) for k in self.NEEDED)
+        if not (h and layers and heads and seq):
+            return None
+        kv = self._num("kv_channels") or h / heads
+        groups = self._num("num_query_groups") if self._flag("group_query_attention") else None
+        groups = groups or heads
+        experts = 1.0 if self._num("num_experts") is None else (self._num("moe_router_topk") or 1.0)
+        glu = 1.5 if self._flag("swiglu") else 1.0
+        ffn = self._num("ffn_hidden_size") or 4 * h
+        shared = self._num("moe_shared_expert_intermediate_size") or 0.0
+        vocab = self._num("padded_vocab_size") or 0.0  # unknown: no logit term (a constant)
+        attention = (1 + groups / heads + seq / h) * (kv * heads / h)
+        mlp = ffn / h * experts * glu + shared / h * glu
+        return 12 * global_batch * seq * layers * h * h * (attention + mlp + vocab / (2 * layers * h))
+
+    def tflops(self, iteration_ms: float, global_batch: int | None) -> float | None:
+        """TFLOP/s per GPU for an iteration of ``iteration_ms``; None until the arguments
+        it needs were read (the batch: the line's, else ``global_batch_size``)."""
+        batch = global_batch or self._num("global_batch_size")
+        world = self._num("world_size")
+        flops = self.flops(int(batch)) if batch else None
+        if flops is None or not world or not iteration_ms > 0:
+            return None
+        return flops / (iteration_ms / 1000.0 * 1e12 * world)
+
+
 class ThroughputParser:
     """Turn matching log lines into throughput records.
 
@@ -140,9 +236,14 @@ class ThroughputParser:
         Pattern with a ``tflops`` group (optional ``step``, ``tokens``).
     timezone
         The zone of naive line timestamps (see :class:`LineClock`).
+    megatron
+        Where Megatron's printed arguments are kept, shared by the parsers of one job's
+        logs (default: one of its own). Used with the default pattern only: a custom
+        one says exactly which lines count.
     """
 
-    def __init__(self, *, job: str, host: str, regex: str = DEFAULT_REGEX, timezone: str = "local"):
+    def __init__(self, *, job: str, host: str, regex: str = DEFAULT_REGEX, timezone: str = "local",
+                 megatron: MegatronFlops | None = None):
         self.job = job
         self.host = host
         self.regex = regex
@@ -150,25 +251,32 @@ class ThroughputParser:
         self._pattern = re.compile(regex)
         if "tflops" not in self._pattern.groupindex:
             raise ValueError(f"throughput regex needs a (?P<tflops>...) group: {regex!r}")
+        self.megatron = (megatron if megatron is not None else MegatronFlops()) if regex == DEFAULT_REGEX else None
         self._clock = LineClock(timezone)
         self._next_step = 0
         self.untimed = 0  # records stamped with the read time: their line had no timestamp
+        self.computed = 0  # records whose TFLOP/s were computed from the iteration time
 
     def parse(self, line: str, read_ns: int) -> ThroughputRecord | None:
         """The line's record, stamped with its own time, else ``read_ns``; None if none."""
         m = self._pattern.search(line)
-        if m is None:
-            return None
-        try:
-            tflops = float(m.group("tflops"))
-        except (TypeError, ValueError):
-            return None
+        groups: dict[str, str | None] = {}
+        if m is not None:
+            groups = m.groupdict()
+            try:
+                tflops = float(groups["tflops"] or "")
+            except ValueError:
+                return None
+        else:
+            computed = self._from_iteration_time(line)
+            if computed is None:
+                return None
+            tflops = computed
         if not math.isfinite(tflops) or tflops < 0:
             return None
-        groups = self._pattern.groupindex
         step = None
-        if "step" in groups and m.group("step"):
-            step = int(m.group("step"))
+        if groups.get("step"):
+            step = int(groups["step"])
         else:
             s = _STEP.search(line)
             if s:
@@ -177,9 +285,9 @@ class ThroughputParser:
             step = self._next_step
         self._next_step = step + 1
         tokens = None
-        if "tokens" in groups and m.group("tokens"):
+        if groups.get("tokens"):
             try:
-                tokens = float(m.group("tokens"))
+                tokens = float(groups["tokens"])
             except ValueError:
                 tokens = None
             if tokens is not None and (not math.isfinite(tokens) or tokens < 0):
@@ -198,6 +306,24 @@ class ThroughputParser:
             tokens_per_s=tokens,
             source="log",
         )
+
+    def _from_iteration_time(self, line: str) -> float | None:
+        """Megatron's iteration line without its TFLOP/s: computed from the iteration time
+        (:class:`MegatronFlops`); other lines may print an argument, remembered."""
+        if self.megatron is None:
+            return None
+        m = _ELAPSED_MS.search(line)
+        if m is None or _STEP.search(line) is None:
+            self.megatron.read(line)
+            return None
+        b = _BATCH.search(line)
+        try:
+            tflops = self.megatron.tflops(float(m.group(1)), int(b.group(1)) if b else None)
+        except ValueError:
+            return None
+        if tflops is not None:
+            self.computed += 1
+        return tflops
 
 
 SKEW_NS = 10**9  # the most the ranks' reports of one iteration are apart in time
