@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rs-mib", type=float, default=16.0, help="ReduceScatter output per rank")
     p.add_argument("--ar-mib", type=float, default=4.0, help="tp AllReduce message")
     p.add_argument("--dp-mib", type=float, default=16.0, help="dp AllReduce message")
+    p.add_argument("--pp-mib", type=float, default=0.0,
+                   help="pipeline-like Send/Recv per model layer: each rank of the tp communicator "
+                        "sends this much to the next and receives from the previous (0: none)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo everywhere and float32, to check the logic without GPUs")
     p.add_argument("--ctl-dir", required=True)
@@ -147,6 +150,9 @@ class Job:
             self.bufs["rs_in"] = self._tensor(a.rs_mib, n)
         if "tp" in self.role:
             self.bufs["ar"] = self._tensor(a.ar_mib)
+            if a.pp_mib > 0:
+                self.bufs["pp_send"] = self._tensor(a.pp_mib)
+                self.bufs["pp_recv"] = self._tensor(a.pp_mib)
         if "dp" in self.role:
             self.bufs["dp"] = self._tensor(a.dp_mib)
 
@@ -182,10 +188,24 @@ class Job:
             self._matmuls(n - first - second)
             if fsdp:
                 dist.reduce_scatter_tensor(b["rs_out"], b["rs_in"], group=self.groups[fsdp.name])
+            if tp and "pp_send" in b:
+                self._pipeline_exchange(tp)
         if dp:
             dist.all_reduce(b["dp"], group=self.groups[dp.name])
         if self.cuda:
             self.torch.cuda.synchronize()
+
+    def _pipeline_exchange(self, comm) -> None:
+        """Activations to the next stage, from the previous one, as pipeline parallelism
+        passes them (a ring here, so every rank sends and receives): NCCL Send/Recv."""
+        dist, b = self.dist, self.bufs
+        ranks = list(comm.ranks)
+        i = ranks.index(self.rank)
+        group = self.groups[comm.name]
+        ops = [dist.P2POp(dist.isend, b["pp_send"], ranks[(i + 1) % len(ranks)], group=group),
+               dist.P2POp(dist.irecv, b["pp_recv"], ranks[(i - 1) % len(ranks)], group=group)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
 
     def write_manifest(self) -> None:
         info = {
