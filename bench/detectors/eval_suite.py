@@ -229,6 +229,25 @@ def gpu_runs_2026_11_26_section() -> str:
     return "\n".join(parts)
 
 
+def gpu_runs_2026_11_27_section() -> str:
+    """The three point-to-point runs of 2026-11-27, held out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    root = eval_gpu_runs.FIXTURES.parent / "2026-11-27"
+    rows = eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([str(root)], "all"), config.load(None, environ={}), 5.0)
+    return "\n".join(["## Recorded GPU runs of 2026-11-27 (point-to-point traffic)\n", GPU_RUNS_11_27,
+                      eval_gpu_runs.markdown(rows), ""])
+
+
+GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-h.json`): the 2-node job with pipeline-like `Send`/`Recv`
+of 32 MiB per layer (`train_job.py --pp-mib 32`), a 16 Gbit/s throttle through Inspector
+and through the plugin, and a clean run. Recorded after 310776a and judged once with it:
+3 of 3, nothing changed for them (`tests/test_gpu_runs_2026_11_27.py`, which also runs
+them through forward → Kafka → worker).
+"""
+
 GPU_RUNS_11_26_HEAD = """40 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-26`, README there; recorded with
 `bench/scenarios/plans/2026-11-26-{a,...,g}.json`), judged by the same rules with
 `eval_gpu_runs.py tests/fixtures/gpu_runs/2026-11-26 --split all` and tested by
@@ -305,6 +324,7 @@ def render(work: Path) -> str:
         gpu_runs_section(),
         GPU_RUNS_NOTE,
         gpu_runs_2026_11_26_section(),
+        gpu_runs_2026_11_27_section(),
         RULES,
     ])
 
