@@ -343,6 +343,21 @@ static void nw_i_prom_write_device(const char* bare, struct nw_pe** list, size_t
   free(text);
 }
 
+/* Every aggregated (communicator, op, size) entry freed: after a dump, and at stop. */
+static void nw_i_free_buckets(void) {
+  for (int i = 0; i < NW_PROM_BUCKETS; i++) {
+    struct nw_pe* e = nw_i.buckets[i];
+    while (e) {
+      struct nw_pe* next = e->next;
+      free(e->exec_us);
+      free(e);
+      e = next;
+    }
+    nw_i.buckets[i] = NULL;
+  }
+  nw_i.n_entries = 0;
+}
+
 static void nw_i_prom_dump(void) {
   if (nw_i.n_entries == 0) return;
   struct nw_pe** all = malloc(nw_i.n_entries * sizeof *all);
@@ -369,17 +384,7 @@ static void nw_i_prom_dump(void) {
   }
   free(all);
   free(dev);
-  for (int i = 0; i < NW_PROM_BUCKETS; i++) {
-    struct nw_pe* e = nw_i.buckets[i];
-    while (e) {
-      struct nw_pe* next = e->next;
-      free(e->exec_us);
-      free(e);
-      e = next;
-    }
-    nw_i.buckets[i] = NULL;
-  }
-  nw_i.n_entries = 0;
+  nw_i_free_buckets();
 }
 
 void nw_insp_tick(bool final) {
@@ -399,17 +404,7 @@ void nw_insp_stop(void) {
   nw_i.json_on = false;
   if (nw_i.json.data) free(nw_i.json.data);
   nw_i.json.data = NULL;
-  for (int i = 0; i < NW_PROM_BUCKETS; i++) {
-    struct nw_pe* e = nw_i.buckets[i];
-    while (e) {
-      struct nw_pe* next = e->next;
-      free(e->exec_us);
-      free(e);
-      e = next;
-    }
-    nw_i.buckets[i] = NULL;
-  }
-  nw_i.n_entries = 0;
+  nw_i_free_buckets();
   free(nw_i.line.data);
   nw_i.line.data = NULL;
   nw_i.prom_on = false;
