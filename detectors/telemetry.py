@@ -44,6 +44,7 @@ class TelemetryTracker:
         d[1] = max(d[1], ts_ns)
         d[2] += count
         d[3][reason] = d[3].get(reason, 0) + count
+        d[4] = False  # news for the next check, however old
 
     def see_plugin_stats(self, host: str, pid: int, ts_ns: int, dropped: dict) -> None:
         total = sum(v for v in dropped.values() if isinstance(v, int))

@@ -286,6 +286,9 @@ def test_a_saved_state_keeps_whether_its_drops_were_reported():
     assert again.check(41 * S, 5 * S) == {}  # not a second time after a restart
     old = {**tracker.to_state(), "drops": [["h1", 20 * S, 20 * S, 3, {"ring_full": 3}]]}
     assert set(TelemetryTracker.from_state(old).check(41 * S, 5 * S)) == {"h1"}  # saved before the flag
+    tracker.see_drop("h1", 21 * S, 3, "ring_full")  # more drops of that reported episode: news again
+    assert tracker.check(40 * S, 5 * S)["h1"]["drops"]["count"] == 6
+    assert tracker.check(41 * S, 5 * S) == {}
 
 
 def test_growing_plugin_stats_drop_counters_count_as_drops():
