@@ -20,7 +20,11 @@ guards taken from river's habits:
 The statistics are river's ``stats.EWMean`` / ``stats.EWVar`` (Finch's incremental
 formulas), rewritten here in a few lines: river 0.26 implements those two in Rust and
 their state cannot be written as JSON, which Faust tables and ``--state`` files need.
-``tests/test_detector_contract.py`` checks both give the same numbers.
+``tests/test_detector_contract.py`` checks both give the same numbers. Page-Hinkley
+(:class:`DriftEvidence`) is river's, rewritten the same way: importing ``river.drift``
+imports river's datasets, scikit-learn and SciPy (1.7 s of every command's start), and
+river keeps the test's sums in private attributes a saved state would have to reach into;
+the same test holds it to river's ``drift.PageHinkley`` value for value.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import math
 from typing import Any
 
 from river import base
-from river import drift as river_drift
 
 
 class EWMeanVar(base.Base):
@@ -325,7 +328,8 @@ def learn_or_hold(model: Any, held: list[float], value: float, degraded: bool) -
 
 
 class DriftEvidence(base.Base):
-    """river's Page-Hinkley test on log residuals, kept as supporting evidence.
+    """Page-Hinkley (river's ``drift.PageHinkley``, mode "down") on log residuals, kept as
+    supporting evidence.
 
     Fed ``log(observed / baseline)`` once per window, it says whether the mean of the
     residuals has shifted down; the sustained-threshold rule decides, this only adds
@@ -369,44 +373,57 @@ class DriftEvidence(base.Base):
         self._reset()
 
     def _reset(self) -> None:
-        self._ph = river_drift.PageHinkley(
-            min_instances=self.min_instances,
-            delta=self.delta,
-            threshold=self.threshold,
-            alpha=self.alpha,
-            mode="down",
-        )
+        # river's PageHinkley(mode="down") state: its running mean (weight, value), the
+        # faded cumulative sums and their extremes (river starts the maximum at -1)
+        self._n = 0.0
+        self._mean = 0.0
+        self._sum_increase = 0.0
+        self._sum_decrease = 0.0
+        self._min_increase = math.inf
+        self._max_decrease: float = -1
+        self._drift = False
 
     @property
     def drift_detected(self) -> bool:
-        return bool(self._ph.drift_detected)
+        return self._drift
 
     def update(self, residual: float) -> None:
-        self._ph.update(residual)
+        # river's PageHinkley.update, operation for operation (so the floats agree)
+        if self._drift:
+            self._reset()
+        self._n += 1.0
+        self._mean += (1.0 / self._n) * (residual - self._mean)
+        dev = residual - self._mean
+        self._sum_increase = self.alpha * self._sum_increase + dev - self.delta
+        self._sum_decrease = self.alpha * self._sum_decrease + dev + self.delta
+        if self._sum_increase < self._min_increase:
+            self._min_increase = self._sum_increase
+        if self._sum_decrease > self._max_decrease:
+            self._max_decrease = self._sum_decrease
+        if self._n >= self.min_instances:
+            self._drift = self._max_decrease - self._sum_decrease > self.threshold
 
     def to_state(self) -> dict[str, Any]:
-        ph = self._ph
-        mi = ph._min_increase
+        mi = self._min_increase
         return {
-            "n": ph._x_mean.n,
-            "mean": ph._x_mean._mean,
-            "si": ph._sum_increase,
-            "sd": ph._sum_decrease,
-            # JSON has no infinity; None stands for river's initial +inf.
+            "n": self._n,
+            "mean": self._mean,
+            "si": self._sum_increase,
+            "sd": self._sum_decrease,
+            # JSON has no infinity; None stands for the initial +inf.
             "mi": None if mi == math.inf else mi,
-            "md": ph._max_decrease,
-            "drift": bool(ph._drift_detected),
+            "md": self._max_decrease,
+            "drift": self._drift,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], **params: Any) -> DriftEvidence:
         obj = cls(**params)
-        ph = obj._ph
-        ph._x_mean.n = state["n"]
-        ph._x_mean._mean = state["mean"]
-        ph._sum_increase = state["si"]
-        ph._sum_decrease = state["sd"]
-        ph._min_increase = math.inf if state["mi"] is None else state["mi"]
-        ph._max_decrease = state["md"]
-        ph._drift_detected = state["drift"]
+        obj._n = state["n"]
+        obj._mean = state["mean"]
+        obj._sum_increase = state["si"]
+        obj._sum_decrease = state["sd"]
+        obj._min_increase = math.inf if state["mi"] is None else state["mi"]
+        obj._max_decrease = state["md"]
+        obj._drift = bool(state["drift"])
         return obj

@@ -184,6 +184,31 @@ def test_ew_statistics_match_rivers_ewmean_and_ewvar():
         assert ours.var == pytest.approx(var.get(), rel=1e-6, abs=1e-12)
 
 
+def test_drift_evidence_is_rivers_page_hinkley_value_for_value():
+    from river.drift import PageHinkley  # the import DriftEvidence avoids (SciPy, scikit-learn)
+
+    rng = random.Random(5)
+    for params in ({}, {"min_instances": 3, "threshold": 0.05, "delta": 0.0, "alpha": 0.9}):
+        ours = DriftEvidence(**params)
+        theirs = PageHinkley(**{"min_instances": 10, "threshold": 0.25, "delta": 0.005,
+                                "alpha": 1 - 1e-3, **params}, mode="down")
+        detections = 0
+        for i in range(3000):
+            # steps down and back up, so it detects, resets and detects again
+            x = rng.gauss(0, 0.02) - (0.3 if (i // 150) % 3 == 2 else 0.0)
+            ours.update(x)
+            theirs.update(x)
+            assert ours.drift_detected == theirs.drift_detected, i
+            detections += ours.drift_detected
+            state = ours.to_state()
+            assert (state["n"], state["mean"]) == (theirs._x_mean.n, theirs._x_mean.get())
+            assert (state["si"], state["sd"], state["md"]) == (
+                theirs._sum_increase, theirs._sum_decrease, theirs._max_decrease)
+            if i % 500 == 499:  # a saved state carries on the same
+                ours = DriftEvidence.from_state(json.loads(json.dumps(state)), **params)
+        assert detections >= 5
+
+
 @pytest.mark.parametrize(
     "make",
     [
