@@ -376,7 +376,9 @@ def read_training_logs(
     merge = RankMerge(hold_s=None)  # the files are whole: every rank's report is there
     megatron = MegatronFlops()  # the arguments rank 0 printed serve every rank's log
     paths = list(paths)
-    for path in paths:  # read them first, whichever log has them: they head it
+    # read them first, whichever log has them: they head it (only the default pattern
+    # falls back to computing TFLOP/s from them)
+    for path in paths if options.throughput_regex == DEFAULT_REGEX else ():
         with _open_bytes(path) as f:
             for _, raw in zip(range(_ARGUMENT_LINES), f, strict=False):
                 megatron.read(raw.decode("utf-8", errors="replace"))
