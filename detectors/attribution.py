@@ -19,6 +19,7 @@ firing key's verdict said of its ranks; this module only reads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,7 +37,10 @@ class KeyView(Protocol):
     host: str | None
     last_end_ns: int
     rank_host: dict[int, str]
+    rank_gpu: dict[int, str]
     rule: Any  # firing, streak, sustain
+    spread_rule: Any
+    spread_scores: list[list] | None  # the straggler scorer's top [rank, score] while degraded
     warm: bool
 
 
@@ -131,3 +135,55 @@ def attribute(
     return Verdict(
         "collective_degraded", "unknown", scope=key_scope(key), host=key.host, evidence=counts
     )
+
+
+def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[KeyView, int]:
+    """Which process the others wait for, by every communicator's spread, not one.
+
+    ``named`` is the key (and its rank) a straggler incident names so far. A late
+    process makes its communicator peers late for their *next* operation too: a rank
+    of the same node that waited for it in a tensor-parallel collective arrives at the
+    next data-parallel one as late as the straggler itself, and may even look later
+    there. But in the communicator they share it is the one *waiting*. So each process
+    named by a key whose spread is degraded now gets, as support, its lowest score over
+    those keys it is a rank of (a key that lists it not among its top ranks: none); the
+    best supported process is the late one. Processes are told apart by (host, GPU);
+    ranks without a GPU are never matched across keys. Returns the key (and rank in it)
+    that names that process best, or ``named`` when nothing says otherwise.
+
+    >>> from types import SimpleNamespace as K
+    >>> degraded = K(firing=True, streak=0, sustain=3)
+    >>> def key(comm, gpus, scores):
+    ...     return K(comm=comm, rank_host={r: "h" for r in range(len(gpus))},
+    ...              rank_gpu=dict(enumerate(gpus)), spread_rule=degraded, spread_scores=scores)
+    >>> dp = key("dp", ["g0", "g1", "g2", "g3"], [[3, 0.32], [2, 0.25], [1, -0.35], [0, -0.42]])
+    >>> tp = key("tp", ["g2", "g3"], [[0, 0.96], [1, -271.0]])  # g3 waits for g2 here
+    >>> k, rank = late_process([dp, tp], (dp, 3))
+    >>> k.comm, rank, k.rank_gpu[rank]
+    ('tp', 0, 'g2')
+    """
+    views = [k for k in keys if k.spread_scores and rule_degraded(k.spread_rule)]
+    if len(views) < 2:
+        return named
+
+    def proc(k: KeyView, rank: int) -> tuple[str, str] | None:
+        gpu = k.rank_gpu.get(rank)
+        return (k.rank_host.get(rank, ""), gpu) if gpu else None
+
+    listed = [{p: score for r, score in k.spread_scores or () if (p := proc(k, r)) is not None}
+              for k in views]
+    members = [{p for r in k.rank_host if (p := proc(k, r)) is not None} for k in views]
+
+    def support(p: tuple[str, str]) -> float:
+        return min(ls.get(p, -math.inf) for ls, ms in zip(listed, members, strict=True) if p in ms)
+
+    current = proc(*named)
+    candidates = {p for ls in listed for p in list(ls)[:1]} | ({current} if current else set())
+    if not candidates:
+        return named
+    best = max(sorted(candidates), key=support)
+    if best == current or (current is not None and support(best) <= support(current)):
+        return named
+    k, score = max(((k, ls[best]) for k, ls in zip(views, listed, strict=True) if best in ls),
+                   key=lambda kv: kv[1])
+    return k, next(r for r in k.rank_host if proc(k, r) == best)

@@ -106,6 +106,10 @@ class KeyVerdict:
     rank_gpu: dict[int, str] | None = None
     fired: FireEvidence | None = None  # with transition FIRE
     spread_fired: SpreadEvidence | None = None  # with spread_transition FIRE
+    # The straggler scorer's top ranks while the spread is degraded now (else None): what
+    # the job stage compares across communicators to tell the late process from the
+    # ones it made late (absent in verdicts of older builds)
+    spread_scores: list[list] | None = None
 
 
 @dataclass(slots=True)
@@ -433,9 +437,11 @@ class KeyState:
             self.streak = Streak()
         elif transition == RESOLVE:
             self.streak = Streak()
+        spread_scores = _top_scores(self.straggler) if rule_degraded(self.spread_rule) else None
         if spread_transition == FIRE:
             sc = self.straggler
-            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, _top_scores(sc), round(wait, 6))
+            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, spread_scores or _top_scores(sc),
+                                          round(wait, 6))
         ex = sorted([r.exec_ns_p50 for r in recs])
         return KeyVerdict(
             job=first.job, key=self.tuple, comm_name=self.comm_name, window_ns=self.window_ns,
@@ -447,6 +453,7 @@ class KeyState:
             closed_before=self.closed_before, rule=RuleView.of(rule),
             spread_rule=RuleView.of(self.spread_rule), rank_host=dict(rank_host) if moved else None,
             rank_gpu=dict(rank_gpu) if moved else None, fired=fired, spread_fired=spread_fired,
+            spread_scores=spread_scores,
         )
 
     def _spread_window(self, spread: float, wait: float, start: int, p: KeyParams
@@ -551,6 +558,7 @@ class KeyView:
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
+        "spread_scores",
     )
 
     def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
@@ -579,6 +587,7 @@ class KeyView:
         # End of the last window the key was degraded now in (firing, or one window
         # short): a throughput drop whose span holds one is not "not NCCL".
         self.degraded_ns = NEVER
+        self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
 
     tuple = KeyState.tuple
     describe = KeyState.describe
@@ -620,6 +629,7 @@ class KeyView:
             self.rank_gpu = v.rank_gpu
         if v.fired is not None:
             self.fire_streak = v.fired.streak
+        self.spread_scores = v.spread_scores
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -641,6 +651,7 @@ class KeyView:
             "incident": self.incident,
             "spread_incident": self.spread_incident,
             "degraded_ns": self.degraded_ns,
+            "spread_scores": self.spread_scores,
         }
 
     @classmethod
@@ -662,6 +673,7 @@ class KeyView:
         obj.incident = st["incident"]
         obj.spread_incident = st["spread_incident"]
         obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
+        obj.spread_scores = st.get("spread_scores")  # absent before 2026-11-27
         return obj
 
     @classmethod

@@ -50,7 +50,7 @@ from ncclwatch.records import (
 )
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import Verdict, attribute, degraded_now, rule_degraded
+from .attribution import Verdict, attribute, degraded_now, late_process, rule_degraded
 from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
@@ -62,6 +62,7 @@ from .throughput import ThroughputTracker
 STATE_VERSION = 1
 DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
 COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
+LINK_TYPES = frozenset({"network_path", "intra_node"})  # what slows the transfers themselves
 
 
 class JobState:
@@ -467,6 +468,31 @@ class Pipeline:
         bad = sum(degraded_now(k) or k.incident is not None for k in keys)
         return bool(keys) and 2 * bad > len(keys)
 
+    @staticmethod
+    def _link_first(job: JobState, inc: Incident) -> bool:
+        """A link incident of the job began no later than this straggler: a slow
+        transfer on one communicator makes its ranks arrive at the next operation of
+        another one at different times, which looks like a late rank there (one cause)."""
+        return any(o.type in LINK_TYPES and o.start_ns <= inc.start_ns
+                   for o in job.incidents.values() if o is not inc)
+
+    @staticmethod
+    def _name_late_process(job: JobState, inc: Incident) -> None:
+        """Name the process every communicator's spread points at (:func:`late_process`),
+        which may not be the rank the first key to fire named."""
+        k = inc.key
+        named = job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+        if named is None or inc.rank is None:
+            return
+        view, rank = late_process(job.keys.values(), (named, inc.rank))
+        if view is named and rank == inc.rank:
+            return
+        inc.evidence["named_first"] = {"comm": named.comm, "rank": inc.rank}
+        inc.rank, inc.host, inc.key = rank, view.rank_host.get(rank), view.describe()
+        inc.evidence.update(comm=view.comm, rank_scores=view.spread_scores)
+        if rank in view.rank_gpu:
+            inc.evidence["gpu"] = view.rank_gpu[rank]
+
     def _reports_throughput(self, job: JobState) -> bool:
         ts = job.throughput.ts_ns
         return ts > 0 and job.watermark - ts <= self._timeout_ns
@@ -508,8 +534,9 @@ class Pipeline:
             window = job.window_ns or DEFAULT_WINDOW_NS
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
-            if self._link_trouble(job, inc.evidence.get("comm")):
+            if self._link_trouble(job, inc.evidence.get("comm")) or self._link_first(job, inc):
                 return  # one cause: the link
+            self._name_late_process(job, inc)
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause
         inc.confirmed = True

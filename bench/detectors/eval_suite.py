@@ -240,6 +240,34 @@ def gpu_runs_2026_11_27_section() -> str:
                       eval_gpu_runs.markdown(rows), ""])
 
 
+def gpu_runs_2026_11_27_x4_section() -> str:
+    """The thirteen 4-GPU runs of 2026-11-27 (a mixed communicator), in their two batches."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    root = eval_gpu_runs.FIXTURES.parent / "2026-11-27-x4"
+    split = json.loads((root / "split.json").read_text())
+    rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
+                                                          config.load(None, environ={}), 5.0)}
+    parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
+    for half, heading in (("heldout", "Second batch, held out (recorded before the changes, judged once after)"),
+                          ("tune", "First batch (judged once: 3 of 7; it shaped two changes)")):
+        parts += [f"### {heading}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[half])]), ""]
+    return "\n".join(parts)
+
+
+GPU_RUNS_11_27_X4 = """13 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,k}.json`): two pretend nodes of two GPUs, so one
+communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
+and network-only ones, and every process is in three communicators. The first batch was
+judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
+their NVLink communicator and then arrives as late at the mixed one; stragglers raised on
+NVLink communicators behind network faults). The two rules that followed
+(docs/detectors.md, "Which process is late") make it 6 of 7; the second batch, recorded
+before them, judged once after: 4 of 6. Every run of 2026-11-23, -26 and -27 gives the
+same rows as before them (`tests/test_gpu_runs_2026_11_27_x4.py`).
+"""
+
 GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with
 `bench/scenarios/plans/2026-11-27-h.json`): the 2-node job with pipeline-like `Send`/`Recv`
 of 32 MiB per layer (`train_job.py --pp-mib 32`), a 16 Gbit/s throttle through Inspector
@@ -325,6 +353,7 @@ def render(work: Path) -> str:
         GPU_RUNS_NOTE,
         gpu_runs_2026_11_26_section(),
         gpu_runs_2026_11_27_section(),
+        gpu_runs_2026_11_27_x4_section(),
         RULES,
     ])
 

@@ -1,0 +1,93 @@
+"""Real 4×H100 runs of 2026-11-27: a job of two (pretend) nodes with two GPUs each, so
+that one communicator is *mixed* (NVLink inside a node, the socket transport between
+them) beside NVLink-only and network-only ones; tests/fixtures/gpu_runs/2026-11-27-x4
+has the README."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ncclwatch.config import load
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "gpu_runs" / "2026-11-27-x4"
+sys.path.insert(0, str(ROOT / "bench" / "detectors"))
+import eval_gpu_runs  # noqa: E402
+
+SPLIT = json.loads((FIXTURES / "split.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rows():
+    cfg = load(None, environ={})
+    return {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(FIXTURES.glob("*.tar.gz")), cfg, 5.0)}
+
+
+def test_the_split_is_the_directory():
+    assert {p.name.removesuffix(".tar.gz") for p in FIXTURES.glob("*.tar.gz")} == \
+        set(SPLIT["tune"]) | set(SPLIT["heldout"])
+    assert not set(SPLIT["tune"]) & set(SPLIT["heldout"])
+
+
+def test_the_first_batch_after_the_changes_it_led_to(rows):
+    """6 of 7; the miss: NVLink copies both ways between GPUs 2 and 3, which slowed both
+    GPUs (labelled throughput_drop by what they did), raise a straggler on GPU 3."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["tune"])])
+    assert [n for n in SPLIT["tune"] if not rows[n]["ok"]] == ["p4-nvlink-2x2-n1"], table
+    for name in ("i4-cpu-k2", "i4-tc-24g", "p4-tc-16g"):
+        # the network fault's waiting on the NVLink communicators is not a second cause
+        assert rows[name]["got"] == "network_path" and rows[name]["false_alerts"] == [], table
+    assert rows["p4-strag-r2-1.3x"]["got"] == "straggler rank 0", table  # GPU 2, in its node's comm
+
+
+def test_the_held_out_batch_as_first_judged(rows):
+    """4 of 6, judged once by the code that made the first batch right."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout"])])
+    right = {n for n in SPLIT["heldout"] if rows[n]["ok"]}
+    assert right == {"i4-clean", "p4-pulse-tc-12g", "p4-strag-r0-1.15x", "p4-tc-40g"}, table
+    # the misses, as they were: every rank 1.3x slower slowed the socket transfers too
+    # (compute contends with NCCL's kernels) and reads as the network path, late; a
+    # competing-socket fault costing 4.7 % (under the 5 % gate) is raised all the same
+    assert rows["i4-slow-all-1.3x"]["false_alerts"] == ["network_path@+8.3s"], table
+    assert rows["p4-sock-n4"]["false_alerts"] == ["network_path@+3.7s"], table
+
+
+def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
+    """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
+    communicator, so it comes as late to the next mixed collective and looks later
+    there; the event names GPU 2's process and says which rank the first key named."""
+    from ncclwatch.detectors import watch
+    from ncclwatch.ingest.recording import ReadStats, read_recording
+
+    run = eval_gpu_runs.unpacked(FIXTURES / "p4-strag-r2-1.3x.tar.gz", tmp_path)
+    info = json.loads((run / "run.json").read_text())
+    srcs, options = eval_gpu_runs.sources(run)
+    events = watch.detect(load(None, environ={}), read_recording(srcs, ReadStats(), options))
+    firing = [e for e in events if e.state == "firing"]
+    assert [e.type for e in firing] == ["straggler"]
+    ev = firing[0]
+    comm = next(c for c in info["comms"].values() if c["comm"] == ev.evidence["comm"])
+    assert info["ranks"][str(comm["ranks"][ev.rank])]["gpu"] == 2
+    assert ev.evidence["named_first"]["rank"] == 3 and ev.evidence["named_first"]["comm"] != ev.evidence["comm"]
+
+
+@pytest.mark.kafka
+def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
+    """The scores the job stage compares travel in the key verdicts: the cluster path
+    (forward -> Kafka -> worker) names the same process."""
+    from drivers_support import recorded_runs_through_worker
+
+    runs = [FIXTURES / f"{n}.tar.gz" for n in ("p4-strag-r2-1.3x", "p4-tc-16g")]
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, runs)
+
+    def ident(e: dict) -> tuple:
+        return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["start_ns"], e["severity"],
+                e.get("rank"), (e.get("evidence") or {}).get("comm"))
+    worker = sorted(map(ident, got["events"]))
+    local = sorted(ident(e) for evs in got["local"].values() for e in evs)
+    assert worker == local, (worker, local, got["log"][-3000:])
+    assert {e[2] for e in worker} == {"network_path", "straggler"}
