@@ -161,6 +161,9 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     >>> k, rank = late_process([dp, tp], (dp, 3))
     >>> k.comm, rank, k.rank_gpu[rank]
     ('tp', 0, 'g2')
+    >>> other = key("pp", ["g8", "g9"], None)  # named by a key whose spread is not degraded
+    >>> late_process([dp, tp], (other, 1))[0].comm  # g9 is in neither: nothing against it
+    'pp'
     """
     views = [k for k in keys if k.spread_scores and rule_degraded(k.spread_rule)]
     if len(views) < 2:
@@ -175,14 +178,16 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     members = [{p for r in k.rank_host if (p := proc(k, r)) is not None} for k in views]
 
     def support(p: tuple[str, str]) -> float:
-        return min(ls.get(p, -math.inf) for ls, ms in zip(listed, members, strict=True) if p in ms)
+        # a process no degraded key has among its ranks has nothing against it
+        return min((ls.get(p, -math.inf) for ls, ms in zip(listed, members, strict=True) if p in ms),
+                   default=math.inf)
 
     current = proc(*named)
-    candidates = {p for ls in listed for p in list(ls)[:1]} | ({current} if current else set())
-    if not candidates:
+    if current is None:  # nothing to match it by
         return named
+    candidates = {p for ls in listed for p in list(ls)[:1]} | {current}
     best = max(sorted(candidates), key=support)
-    if best == current or (current is not None and support(best) <= support(current)):
+    if best == current or support(best) <= support(current):
         return named
     k, score = max(((k, ls[best]) for k, ls in zip(views, listed, strict=True) if best in ls),
                    key=lambda kv: kv[1])

@@ -28,9 +28,9 @@ def rows():
 
 
 def test_the_split_is_the_directory():
-    assert {p.name.removesuffix(".tar.gz") for p in FIXTURES.glob("*.tar.gz")} == \
-        set(SPLIT["tune"]) | set(SPLIT["heldout"])
-    assert not set(SPLIT["tune"]) & set(SPLIT["heldout"])
+    halves = [set(v) for v in SPLIT.values()]
+    assert {p.name.removesuffix(".tar.gz") for p in FIXTURES.glob("*.tar.gz")} == set().union(*halves)
+    assert sum(map(len, halves)) == len(set().union(*halves))  # no run in two halves
 
 
 def test_the_first_batch_after_the_changes_it_led_to(rows):
@@ -54,6 +54,14 @@ def test_the_held_out_batch_as_first_judged(rows):
     # competing-socket fault costing 4.7 % (under the 5 % gate) is raised all the same
     assert rows["i4-slow-all-1.3x"]["false_alerts"] == ["network_path@+8.3s"], table
     assert rows["p4-sock-n4"]["false_alerts"] == ["network_path@+3.7s"], table
+
+
+def test_the_third_batch_recorded_and_judged_after_the_changes(rows):
+    """6 of 6: other layouts (four pretend nodes, two processes per GPU; one NVLink-only
+    node of four) and stragglers on ranks 1 and 3, through both profilers."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_2"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_2"]), table
+    assert rows["p4n4-clean"]["got"] == "-" and rows["p4n4-clean"]["false_alerts"] == [], table
 
 
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):

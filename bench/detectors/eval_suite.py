@@ -250,21 +250,24 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout", "Second batch, held out (recorded before the changes, judged once after)"),
+    for half, heading in (("heldout_2", "Third batch, held out (other layouts; judged once after the changes)"),
+                          ("heldout", "Second batch, held out (recorded before the changes, judged once after)"),
                           ("tune", "First batch (judged once: 3 of 7; it shaped two changes)")):
         parts += [f"### {heading}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[half])]), ""]
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """13 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,k}.json`): two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """19 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,k,l}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
 their NVLink communicator and then arrives as late at the mixed one; stragglers raised on
 NVLink communicators behind network faults). The two rules that followed
 (docs/detectors.md, "Which process is late") make it 6 of 7; the second batch, recorded
-before them, judged once after: 4 of 6. Every run of 2026-11-23, -26 and -27 gives the
+before them, judged once after: 4 of 6 (3 of 6 by the code before them); the third, recorded
+after them in other layouts (four pretend nodes; one NVLink node of four): 6 of 6 (also by
+the code before). Every run of 2026-11-23, -26 and -27 gives the
 same rows as before them (`tests/test_gpu_runs_2026_11_27_x4.py`).
 """
 
