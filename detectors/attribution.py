@@ -189,6 +189,6 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     best = max(sorted(candidates), key=support)
     if best == current or support(best) <= support(current):
         return named
-    k, score = max(((k, ls[best]) for k, ls in zip(views, listed, strict=True) if best in ls),
-                   key=lambda kv: kv[1])
+    # the key that scores it best names it (its rank there)
+    k = max((kv for kv in zip(views, listed, strict=True) if best in kv[1]), key=lambda kv: kv[1][best])[0]
     return k, next(r for r in k.rank_host if proc(k, r) == best)
