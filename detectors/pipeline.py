@@ -470,11 +470,25 @@ class Pipeline:
 
     @staticmethod
     def _link_first(job: JobState, inc: Incident) -> bool:
-        """A link incident of the job began no later than this straggler: a slow
-        transfer on one communicator makes its ranks arrive at the next operation of
-        another one at different times, which looks like a late rank there (one cause)."""
-        return any(o.type in LINK_TYPES and o.start_ns <= inc.start_ns
-                   for o in job.incidents.values() if o is not inc)
+        """A link incident of the job began no later than this straggler, and the late
+        process is a rank of one of its keys: a slow transfer makes its ranks arrive at
+        their next operation, on another communicator, at different times, which looks
+        like a late rank there (one cause). A process that took no part in the slow
+        transfers is a straggler of its own."""
+        k = inc.key
+        named = job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+        if named is None or inc.rank is None:
+            return False
+        host, gpu = named.rank_host.get(inc.rank), named.rank_gpu.get(inc.rank)
+        for o in job.incidents.values():
+            if o is inc or o.type not in LINK_TYPES or o.start_ns > inc.start_ns:
+                continue
+            for m in o.members:
+                view = job.keys.get(m[:4])
+                if view is not None and any(h == host and (gpu is None or view.rank_gpu.get(r) == gpu)
+                                            for r, h in view.rank_host.items()):
+                    return True
+        return False
 
     @staticmethod
     def _name_late_process(job: JobState, inc: Incident) -> None:
@@ -534,9 +548,9 @@ class Pipeline:
             window = job.window_ns or DEFAULT_WINDOW_NS
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
+            self._name_late_process(job, inc)
             if self._link_trouble(job, inc.evidence.get("comm")) or self._link_first(job, inc):
                 return  # one cause: the link
-            self._name_late_process(job, inc)
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause
         inc.confirmed = True
