@@ -501,7 +501,8 @@ class Pipeline:
         view, rank = late_process(job.keys.values(), (named, inc.rank))
         if view is named and rank == inc.rank:
             return
-        inc.evidence["named_first"] = {"comm": named.comm, "rank": inc.rank}
+        # kept from the first renaming: each check before the incident is raised may rename
+        inc.evidence.setdefault("named_first", {"comm": named.comm, "rank": inc.rank})
         inc.rank, inc.host, inc.key = rank, view.rank_host.get(rank), view.describe()
         inc.evidence.update(comm=view.comm, rank_scores=view.spread_scores)
         if rank in view.rank_gpu:
