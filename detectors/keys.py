@@ -37,6 +37,7 @@ from .sustained import FIRE, RESOLVE, SustainedRule
 _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 NEVER = -(1 << 62)  # before any time
 TRANSFER_HOLD_MAX = 64  # degraded best-instance windows held back from the key's transfer baseline
+BUSY_WARMUP = 10  # windows before a key's time share has a baseline (as `warmup_windows`)
 
 
 class KeyParams:
@@ -110,6 +111,10 @@ class KeyVerdict:
     # the job stage compares across communicators to tell the late process from the
     # ones it made late (absent in verdicts of older builds)
     spread_scores: list[list] | None = None
+    # The time a rank spent in the key's ops in this window (median over the group's ranks
+    # of count x exec p50), which the job stage compares with the job's slowdown (absent
+    # in verdicts of older builds)
+    busy_ns: int | None = None
 
 
 @dataclass(slots=True)
@@ -443,6 +448,7 @@ class KeyState:
             spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, spread_scores or _top_scores(sc),
                                           round(wait, 6))
         ex = sorted([r.exec_ns_p50 for r in recs])
+        busy = sorted([r.count * r.exec_ns_p50 for r in recs])
         return KeyVerdict(
             job=first.job, key=self.tuple, comm_name=self.comm_name, window_ns=self.window_ns,
             ranks=[(r.rank, r.host) for r in recs], start_ns=start, end_ns=end, observed=obs,
@@ -453,7 +459,7 @@ class KeyState:
             closed_before=self.closed_before, rule=RuleView.of(rule),
             spread_rule=RuleView.of(self.spread_rule), rank_host=dict(rank_host) if moved else None,
             rank_gpu=dict(rank_gpu) if moved else None, fired=fired, spread_fired=spread_fired,
-            spread_scores=spread_scores,
+            spread_scores=spread_scores, busy_ns=busy[n >> 1],
         )
 
     def _spread_window(self, spread: float, wait: float, start: int, p: KeyParams
@@ -558,7 +564,7 @@ class KeyView:
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
-        "spread_scores",
+        "spread_scores", "busy", "busy_recent",
     )
 
     def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
@@ -588,6 +594,10 @@ class KeyView:
         # short): a throughput drop whose span holds one is not "not NCCL".
         self.degraded_ns = NEVER
         self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
+        # The time a rank spends in the key's ops per window: learned while the key is
+        # healthy, and its last `sustain` windows (Pipeline._slowed_alike).
+        self.busy = RatioBaseline(warmup=BUSY_WARMUP)
+        self.busy_recent: list[int] = []
 
     tuple = KeyState.tuple
     describe = KeyState.describe
@@ -630,6 +640,13 @@ class KeyView:
         if v.fired is not None:
             self.fire_streak = v.fired.streak
         self.spread_scores = v.spread_scores
+        if v.busy_ns is not None:
+            recent = self.busy_recent
+            recent.append(v.busy_ns)
+            if len(recent) > self.rule.sustain:
+                del recent[0]
+            if not (v.degraded or v.was_firing or v.transition is not None or self.rule.firing):
+                self.busy.learn_one(v.busy_ns)  # as the key's own baseline: healthy windows only
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -652,6 +669,8 @@ class KeyView:
             "spread_incident": self.spread_incident,
             "degraded_ns": self.degraded_ns,
             "spread_scores": self.spread_scores,
+            "busy": self.busy.to_state(),
+            "busy_recent": self.busy_recent,
         }
 
     @classmethod
@@ -674,6 +693,9 @@ class KeyView:
         obj.spread_incident = st["spread_incident"]
         obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
         obj.spread_scores = st.get("spread_scores")  # absent before 2026-11-27
+        if "busy" in st:  # absent before 2026-11-27 (afternoon): learned anew
+            obj.busy = RatioBaseline.from_state(st["busy"], warmup=BUSY_WARMUP)
+            obj.busy_recent = list(st["busy_recent"])
         return obj
 
     @classmethod

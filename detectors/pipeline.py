@@ -469,33 +469,27 @@ class Pipeline:
         return bool(keys) and 2 * bad > len(keys)
 
     @staticmethod
-    def _link_first(job: JobState, inc: Incident) -> bool:
-        """A link incident of the job began no later than this straggler, and the late
-        process is a rank of one of its keys: a slow transfer makes its ranks arrive at
-        their next operation, on another communicator, at different times, which looks
-        like a late rank there (one cause). A process that took no part in the slow
-        transfers is a straggler of its own."""
-        k = inc.key
-        named = job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+    def _echoed_links(job: JobState, inc: Incident) -> list[Incident]:
+        """The job's link incidents that began no later than this straggler and have the
+        late process as a rank of one of their keys: a slow transfer makes its ranks
+        arrive at their next operation, on another communicator, at different times,
+        which looks like a late rank there (one cause). A process that took no part in
+        the slow transfers is a straggler of its own."""
+        named = _named_key(job, inc)
         if named is None or inc.rank is None:
-            return False
+            return []
         host, gpu = named.rank_host.get(inc.rank), named.rank_gpu.get(inc.rank)
-        for o in job.incidents.values():
-            if o is inc or o.type not in LINK_TYPES or o.start_ns > inc.start_ns:
-                continue
-            for m in o.members:
-                view = job.keys.get(m[:4])
-                if view is not None and any(h == host and (gpu is None or view.rank_gpu.get(r) == gpu)
-                                            for r, h in view.rank_host.items()):
-                    return True
-        return False
+        return [
+            o for o in job.incidents.values()
+            if o is not inc and o.type in LINK_TYPES and o.start_ns <= inc.start_ns
+            and any(_has_process(job.keys.get(m[:4]), host, gpu) for m in o.members)
+        ]
 
     @staticmethod
     def _name_late_process(job: JobState, inc: Incident) -> None:
         """Name the process every communicator's spread points at (:func:`late_process`),
         which may not be the rank the first key to fire named."""
-        k = inc.key
-        named = job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+        named = _named_key(job, inc)
         if named is None or inc.rank is None:
             return
         view, rank = late_process(job.keys.values(), (named, inc.rank))
@@ -523,26 +517,19 @@ class Pipeline:
         the incident's keys stay out of their baselines, so a slow start is not learned.
         """
         cfg = self.cfg
-        # What the job loses now (its last sustain windows) against before the incident:
-        # a ramp is raised when it costs the gate, not when its average since onset does.
-        span = self._early_span_ns(job)
-        tp = job.throughput
-        now = early = None
-        if self._reports_throughput(job):
-            now = tp.delta(max(inc.start_ns, job.watermark - span), job.watermark,
-                           before_ns=inc.start_ns)
-            # ... and it cost the job from its onset: a degradation that had been
-            # harmless for a while (a rank-order flip, a drift) does not take the blame
-            # for a loss something else started later.
-            early = tp.delta(inc.start_ns, min(job.watermark, inc.start_ns + span))
-        measured = now is not None and early is not None
-        if measured:
+        loss = self._job_loss(job, inc)
+        measured = loss is not None
+        if loss is not None:
+            now, early = loss
             if now > -cfg.throughput_drop or early > -cfg.throughput_drop / 2:
                 return
         elif inc.peak < cfg.threshold_without_throughput:
             return  # no throughput, or none from before the incident (a cold start)
-        if inc.type in ("intra_node", "network_path") and not self._reattribute(job, inc):
-            return
+        if inc.type in LINK_TYPES:
+            if not self._reattribute(job, inc):
+                return
+            if loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0]):
+                return  # the job's own slowdown (throughput_drop), not its links'
         if inc.type == "straggler":
             # Ranks also wait differently when the transfer itself slows: give the
             # communicator's links the windows they need to say so before naming a rank.
@@ -550,7 +537,7 @@ class Pipeline:
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
             self._name_late_process(job, inc)
-            if self._link_trouble(job, inc.evidence.get("comm")) or self._link_first(job, inc):
+            if self._link_trouble(job, inc.evidence.get("comm")) or self._echoed_links(job, inc):
                 return  # one cause: the link
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause
@@ -560,6 +547,71 @@ class Pipeline:
         if measured:
             inc.severity = "critical"  # it costs the job at least throughput_drop
         self._emit(inc.event("firing", job.watermark), out)
+
+    def _job_loss(self, job: JobState, inc: Incident) -> tuple[float, float] | None:
+        """``(now, early)``: the job's throughput change over its last ``sustain_windows``
+        windows and over the incident's first ones, each against the minute before the
+        incident; None when the job reports none from before it."""
+        if not self._reports_throughput(job):
+            return None
+        # Now: a ramp is raised when it costs the gate, not when its average since onset
+        # does. Early: a degradation that had been harmless for a while (a rank-order
+        # flip, a drift) does not take the blame for a loss something else started later.
+        span = self._early_span_ns(job)
+        tp = job.throughput
+        now = tp.delta(max(inc.start_ns, job.watermark - span), job.watermark, before_ns=inc.start_ns)
+        early = tp.delta(inc.start_ns, min(job.watermark, inc.start_ns + span))
+        return None if now is None or early is None else (now, early)
+
+    def _slowed_alike(self, job: JobState, network: bool, drop: float) -> bool:
+        """The job's network (or NVLink) operations slowed no more than the rest of its steps.
+
+        A slower link costs the job the extra time its operations take, so the share of
+        a rank's time spent in them rises: by ``drop * (e / b - 1)`` of their usual share
+        ``b`` for a job losing ``drop`` of its throughput, ``e`` being the part of the
+        lost time they account for (``e`` near 1 for a link fault). When everything
+        slows alike (compute contending with NCCL's kernels on every GPU, a lower clock)
+        their bus bandwidth falls as much as the job's speed, yet their share holds
+        (``e = b``). So the class slowed alike when its share rose by less than
+        ``link_share_rise * drop``: its keys account for less than ``1 + link_share_rise``
+        times their usual share of the lost time. Only where the check can tell: the
+        class has keys with a share baseline, reporting now, whose usual shares add up to
+        at most ``1 / (1 + link_share_rise)`` (beyond it a slower link moves the share too
+        little to see).
+        """
+        rise = self.cfg.link_share_rise
+        if rise <= 0 or drop <= 0:
+            return False
+        fresh = job.watermark - job.lateness_ns - 2 * job.window_ns
+        usual = recent = share = 0.0
+        for view in job.keys.values():
+            # Every key of the class, not an incident's members alone: a slower path costs
+            # the job through all its keys, and the loss is the whole job's.
+            if ((view.transport in NETWORK_TRANSPORTS) != network or not view.busy.warm
+                    or not view.busy_recent or view.last_end_ns < fresh):
+                continue
+            b = view.busy.baseline or 0.0
+            usual += b
+            recent += sum(view.busy_recent) / len(view.busy_recent)
+            # An upper bound on a rank's share: each key's ranks counted as if in all keys.
+            share += b / view.window_ns
+        if not usual or share > 1.0 / (1.0 + rise):
+            return False
+        return recent / usual < 1.0 + rise * drop
+
+    def _excused(self, job: JobState, inc: Incident) -> bool:
+        """A quiet incident that is not NCCL's trouble: a link incident whose class slowed
+        alike with the job (:meth:`_slowed_alike`), or a straggler that only echoes such
+        link incidents (:meth:`_echoed_links`)."""
+        if inc.confirmed:
+            return False
+        if inc.type == "straggler":
+            links = self._echoed_links(job, inc)
+            return bool(links) and all(self._excused(job, o) for o in links)
+        if inc.type not in LINK_TYPES:
+            return False
+        loss = self._job_loss(job, inc)
+        return loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0])
 
     @staticmethod
     def _hosts_of(job: JobState, members: list) -> list[str]:
@@ -873,14 +925,25 @@ class Pipeline:
     def _comm_trouble(self, job: JobState, since_ns: int | None = None) -> bool:
         """A comm incident is open, or a key is degraded now (or, with ``since_ns``, was
         at any time since then: a fault too short to fire a key still cost the steps)."""
-        if any(inc.type in COMM_TYPES for inc in job.incidents.values()):
-            return True
+        excused: set[str | None] = set()
+        for inc in job.incidents.values():
+            if inc.type in COMM_TYPES:
+                if not self._excused(job, inc):
+                    return True
+                excused.add(inc.id)
+        # Keys not in an incident yet: a class that slowed alike with the job is not the
+        # cause of its drop either (the drop measured since it began).
+        tp = job.throughput
+        since = since_ns if since_ns is not None else tp.rule.start_ns if tp.rule.firing else None
+        d = None if since is None else tp.delta(since, job.watermark)
+        alike = {n: d is not None and self._slowed_alike(job, n, -d) for n in (True, False)}
         now = job.watermark
         recent = job.lateness_ns + 2 * job.window_ns
         return any(
             ((degraded_now(ks) or rule_degraded(ks.spread_rule)) and now - ks.last_end_ns <= recent)
             or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)
             for ks in job.keys.values()
+            if ks.incident not in excused and not (ks.incident is None and alike[ks.transport in NETWORK_TRANSPORTS])
         )
 
     def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
@@ -1024,6 +1087,18 @@ class Pipeline:
         for name, js in state["jobs"]:
             p._jobs[name] = _job_from_state(name, js, p.cfg, p._p)
         return p
+
+
+def _named_key(job: JobState, inc: Incident) -> KeyView | None:
+    """The job stage's view of the key an incident names (its ``key``)."""
+    k = inc.key
+    return job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+
+
+def _has_process(view: KeyView | None, host: str | None, gpu: str | None) -> bool:
+    """The key has a rank on ``host`` (and on ``gpu``, where the ranks name theirs)."""
+    return view is not None and any(h == host and (gpu is None or view.rank_gpu.get(r) == gpu)
+                                    for r, h in view.rank_host.items())
 
 
 def _job_state(job: JobState) -> dict[str, Any]:

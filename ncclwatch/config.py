@@ -222,6 +222,11 @@ class DetectorConfig:
     # the ranks arriving further apart (host skew, a busy GPU), not a slower link.
     # 0 turns the check off.
     transfer_confirm: float = 0.5
+    # A link incident is raised only if its operations' share of the ranks' time rose by
+    # at least this fraction of the job's throughput loss: a link that slows takes a
+    # larger share, while everything slowing alike (compute contending with NCCL's
+    # kernels) leaves it where it was, which is the job's own drop. 0 turns it off.
+    link_share_rise: float = 0.25
     telemetry_timeout_s: float = 10.0
     # A link or straggler incident firing again this soon (stream time) after it resolved,
     # with the same type and scope, is reopened (same id, `evidence.reopened` counts)
@@ -267,6 +272,8 @@ class DetectorConfig:
             raise ValueError(f"detector.straggler_min_wait must be in [0, 1), got {self.straggler_min_wait}")
         if not 0.0 <= self.transfer_confirm <= 1.0:
             raise ValueError(f"detector.transfer_confirm must be in [0, 1], got {self.transfer_confirm}")
+        if not 0.0 <= self.link_share_rise <= 1.0:
+            raise ValueError(f"detector.link_share_rise must be in [0, 1], got {self.link_share_rise}")
         if not self.reopen_s >= 0.0:
             raise ValueError(f"detector.reopen_s must be >= 0 seconds, got {self.reopen_s}")
         if not self.merge_max_hold_s > 0.0:

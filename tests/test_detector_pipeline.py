@@ -28,12 +28,12 @@ CFG = DetectorConfig(warmup_windows=5)
 
 
 def win(t, rank, busbw, *, comm=NET, op="AllReduce", bucket="64MiB", transport="net",
-        nranks=2, host=None, exec_ns=None, job="j", seq=None) -> WindowSummary:
+        nranks=2, host=None, exec_ns=None, job="j", seq=None, count=10) -> WindowSummary:
     first = 10 * t if seq is None else seq
     return WindowSummary(
         job=job, host=host if host is not None else f"h{rank}", comm=comm, comm_name="",
         op=op, size_bucket=bucket, transport=transport, rank=rank, nranks=nranks,
-        start_ns=(T0 + t) * S, end_ns=(T0 + t + 1) * S, count=10, bytes=10 << 26,
+        start_ns=(T0 + t) * S, end_ns=(T0 + t + 1) * S, count=count, bytes=count << 26,
         exec_ns_min=1, exec_ns_p50=exec_ns if exec_ns is not None else int(67e6 / busbw),
         exec_ns_p95=1, exec_ns_max=1, busbw_gbs_p50=busbw, first_seq=first, last_seq=first + 9,
     )
@@ -225,6 +225,34 @@ def test_throughput_drop_with_healthy_nccl_is_reported_as_not_nccl():
         ("throughput_drop", "unknown", "firing"), ("throughput_drop", "unknown", "resolved")]
     assert events[0].severity == "warning" and events[0].baseline_busbw_gbs is None
     assert abs(events[0].throughput_delta - (250 / 310 - 1)) < 0.01
+
+
+def slowed_job(link_share_rises: bool):
+    """Every rank 1.3x slower from t=20 to 40: the network keys' bus bandwidth and the
+    job's TFLOP/s both fall by 1/1.3. With ``link_share_rises`` the steps keep their
+    count of network ops per window (the ops alone slowed: their share of the time
+    rises); without, the steps slowed alike and fit 1/1.3 as many ops in a window."""
+    def make(t):
+        slow = 20 <= t < 40
+        count = 10 if link_share_rises or not slow else 8  # 10 / 1.3, rounded up
+        bw = 40.0 / 1.3 if slow else 40.0
+        return [*(win(t, r, bw, count=count) for r in (0, 1)),
+                *(win(t, r, bw, comm=NET2, op="AllGather", bucket="16MiB", count=count) for r in (0, 1)),
+                tp(t, 310.0 / 1.3 if slow else 310.0)]
+    return make
+
+
+def test_network_ops_slowing_alike_with_the_whole_step_are_the_jobs_drop_not_the_links():
+    events = feed(Pipeline(CFG), range(60), slowed_job(link_share_rises=False))
+    assert [(e.type, e.state) for e in events] == [
+        ("throughput_drop", "firing"), ("throughput_drop", "resolved")]
+    # the same losses with the network ops' share of the time rising: the link's doing
+    events = feed(Pipeline(CFG), range(60), slowed_job(link_share_rises=True))
+    assert [(e.type, e.state, e.severity) for e in events] == [
+        ("network_path", "firing", "critical"), ("network_path", "resolved", "critical")]
+    # and with the check off, the slowed-alike job reads as a network path, as before it
+    off = feed(Pipeline(replace(CFG, link_share_rise=0.0)), range(60), slowed_job(link_share_rises=False))
+    assert {e.type for e in off} == {"network_path"}
 
 
 def test_silent_host_is_telemetry_loss_after_the_timeout_and_resolves_when_back():
