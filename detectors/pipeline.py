@@ -633,7 +633,7 @@ class Pipeline:
         recent = job.lateness_ns + 2 * job.window_ns
         # Keys that were degraded well before this incident began are another story.
         since = inc.start_ns - self._early_span_ns(job)
-        nv_bad = nv_ok = net_bad = 0
+        nv_bad = nv_ok = net_bad = net_ok = 0
         for k in job.keys.values():
             if not k.warm or now - k.last_end_ns > recent:
                 continue
@@ -648,7 +648,11 @@ class Pipeline:
                 nv_ok += not bad
             elif k.transport in NETWORK_TRANSPORTS:
                 net_bad += bad
-        if nv_bad and nv_bad >= nv_ok:
+                net_ok += not bad
+        # NVLink first (a node's trouble slows its mixed keys too), unless the network
+        # keys degraded more widely: starved proxies slow every network key and one of
+        # two NVLink keys, which is the network's trouble reaching into the node.
+        if nv_bad and nv_bad >= nv_ok and nv_bad * (net_bad + net_ok) >= net_bad * (nv_bad + nv_ok):
             want = "intra_node"
         elif net_bad:
             want = "network_path"
@@ -804,6 +808,17 @@ class Pipeline:
         self._refresh_comm_incidents(job, out)
 
     def _refresh_comm_incidents(self, job: JobState, out: list) -> None:
+        tinc = job.find("throughput_drop", "")
+        if tinc is not None and tinc.severity == "info":
+            # Raised on its first windows: a drop that deepens past twice the gate over
+            # sustain_windows windows is a warning (the same id fires again). Steps up to
+            # the windows' stream time only, as _set_throughput.
+            now = job.watermark
+            d = job.throughput.delta(max(tinc.start_ns, now - self._early_span_ns(job)), now,
+                                     before_ns=tinc.start_ns)
+            if d is not None and d <= -2 * self.cfg.throughput_drop:
+                tinc.severity = "warning"
+                self._emit(tinc.event("firing", now), out)
         for inc in list(job.incidents.values()):
             if inc.type not in COMM_TYPES or inc.id not in job.incidents:
                 continue

@@ -24,6 +24,7 @@ T0 = 1_700_000_000  # seconds
 NET = "0x00000000000000a1"
 NET2 = "0x00000000000000a3"
 NV = "0x00000000000000b1"
+NV2 = "0x00000000000000b2"
 CFG = DetectorConfig(warmup_windows=5)
 
 
@@ -130,6 +131,25 @@ def test_nvlink_key_degrading_is_intra_node_on_its_host():
     events = feed(p, range(40), lambda t: job_keys(t, 40.0, 70.0 if t >= 20 else 100.0))
     assert [(e.type, e.attribution, e.host) for e in events] == [
         ("intra_node", "intra_node", "n0")]
+
+
+def two_nodes(t, net_bw, nv_bw, nv2_bw):
+    """Two network keys, and an NVLink key on each of two nodes."""
+    return [*job_keys(t, net_bw, nv_bw, net_bw),
+            *(win(t, r, nv2_bw, comm=NV2, op="AllReduce", bucket="4MiB", transport="nvlink", host="n1")
+              for r in (0, 1))]
+
+
+def test_every_network_key_and_one_of_two_nvlink_keys_degrading_is_the_network_path():
+    # starved proxies: the network keys all slow, and one node's NVLink key with them
+    events = feed(Pipeline(CFG), range(40), lambda t: two_nodes(
+        t, 26.0 if t >= 20 else 40.0, 65.0 if t >= 20 else 100.0, 100.0))
+    assert [(e.type, e.attribution) for e in events] == [("network_path", "network")]
+    assert events[0].evidence["nvlink_keys_degraded"] == 1 and events[0].evidence["network_keys_degraded"] == 2
+    # every NVLink key too: the node's trouble first, as before
+    events = feed(Pipeline(CFG), range(40), lambda t: two_nodes(
+        t, 26.0 if t >= 20 else 40.0, 65.0 if t >= 20 else 100.0, 65.0 if t >= 20 else 100.0))
+    assert {e.type for e in events} == {"intra_node"}
 
 
 def test_one_network_key_degrading_while_other_network_keys_hold_is_collective_degraded():
@@ -253,6 +273,18 @@ def test_network_ops_slowing_alike_with_the_whole_step_are_the_jobs_drop_not_the
     # and with the check off, the slowed-alike job reads as a network path, as before it
     off = feed(Pipeline(replace(CFG, link_share_rise=0.0)), range(60), slowed_job(link_share_rises=False))
     assert {e.type for e in off} == {"network_path"}
+
+
+def test_a_throughput_drop_that_deepens_past_twice_the_gate_fires_again_as_a_warning():
+    # 7 % for ten windows (info), then 14 %: the same incident, now a warning
+    p = Pipeline(CFG)
+    events = feed(p, range(60), lambda t: [*two_ranks(lambda t: 40.0)(t), tp(
+        t, 310.0 * (0.93 if 20 <= t < 30 else 0.86 if 30 <= t < 40 else 1.0))])
+    assert [(e.type, e.state, e.severity) for e in events] == [
+        ("throughput_drop", "firing", "info"), ("throughput_drop", "firing", "warning"),
+        ("throughput_drop", "resolved", "warning")]
+    assert len({e.id for e in events}) == 1
+    assert 30 < s(events[1].detected_ns) <= 34
 
 
 def test_silent_host_is_telemetry_loss_after_the_timeout_and_resolves_when_back():

@@ -97,11 +97,12 @@ def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(t
 
 @pytest.mark.kafka
 def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
-    """The scores the job stage compares travel in the key verdicts: the cluster path
-    (forward -> Kafka -> worker) names the same process."""
+    """The scores and busy times the job stage compares travel in the key verdicts: the
+    cluster path (forward -> Kafka -> worker) names the same process, and finds every
+    rank slower to be the job's own drop."""
     from drivers_support import recorded_runs_through_worker
 
-    runs = [FIXTURES / f"{n}.tar.gz" for n in ("p4-strag-r2-1.3x", "p4-tc-16g")]
+    runs = [FIXTURES / f"{n}.tar.gz" for n in ("p4-strag-r2-1.3x", "p4-tc-16g", "i4-slow-all-1.3x")]
     got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, runs)
 
     def ident(e: dict) -> tuple:
@@ -110,4 +111,4 @@ def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     worker = sorted(map(ident, got["events"]))
     local = sorted(ident(e) for evs in got["local"].values() for e in evs)
     assert worker == local, (worker, local, got["log"][-3000:])
-    assert {e[2] for e in worker} == {"network_path", "straggler"}
+    assert {e[2] for e in worker} == {"network_path", "straggler", "throughput_drop"}

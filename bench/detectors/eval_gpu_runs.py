@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclwatch.detectors import watch
+from ncclwatch.detectors.incidents import SEVERITY_RANK
 from ncclwatch.ingest.recording import Options, ReadStats, read_recording
 
 from ncclwatch import config
@@ -139,8 +140,8 @@ def incidents(events: list[Any]) -> dict[str, dict[str, Any]]:
     for e in events:
         inc = out.setdefault(e.id, {"first": e, "severity": e.severity, "end_ns": None,
                                     "resolved_delta": None})
-        if e.severity == "critical":
-            inc["severity"] = "critical"
+        if SEVERITY_RANK[e.severity] > SEVERITY_RANK[inc["severity"]]:
+            inc["severity"] = e.severity  # a firing event repeated as its severity rose
         if e.state == "resolved":
             inc["end_ns"] = e.end_ns
             inc["resolved_delta"] = e.throughput_delta
