@@ -954,12 +954,17 @@ class Pipeline:
         alike = {n: d is not None and self._slowed_alike(job, n, -d) for n in (True, False)}
         now = job.watermark
         recent = job.lateness_ns + 2 * job.window_ns
-        return any(
-            ((degraded_now(ks) or rule_degraded(ks.spread_rule)) and now - ks.last_end_ns <= recent)
-            or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)
-            for ks in job.keys.values()
-            if ks.incident not in excused and not (ks.incident is None and alike[ks.transport in NETWORK_TRANSPORTS])
-        )
+        for ks in job.keys.values():
+            if ks.incident in excused:
+                continue
+            live = now - ks.last_end_ns <= recent
+            if live and rule_degraded(ks.spread_rule):
+                return True  # a late rank: not a class's bandwidth, whatever it did
+            if ks.incident is None and alike[ks.transport in NETWORK_TRANSPORTS]:
+                continue
+            if (live and degraded_now(ks)) or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns):
+                return True
+        return False
 
     def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
         """One completed throughput window ``[start, end)`` with its mean TFLOP/s."""
