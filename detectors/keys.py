@@ -38,6 +38,7 @@ _WS_FIELDS = tuple(f.name for f in fields(WindowSummary))
 NEVER = -(1 << 62)  # before any time
 TRANSFER_HOLD_MAX = 64  # degraded best-instance windows held back from the key's transfer baseline
 BUSY_WARMUP = 10  # windows before a key's time share has a baseline (as `warmup_windows`)
+BUSY_FADE = 0.02  # EW weight of a healthy window in that baseline (as the bus bandwidth's)
 
 
 class KeyParams:
@@ -564,7 +565,7 @@ class KeyView:
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
-        "spread_scores", "busy", "busy_recent",
+        "spread_scores", "busy_log", "busy_n", "busy_recent",
     )
 
     def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
@@ -594,9 +595,12 @@ class KeyView:
         # short): a throughput drop whose span holds one is not "not NCCL".
         self.degraded_ns = NEVER
         self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
-        # The time a rank spends in the key's ops per window: learned while the key is
-        # healthy, and its last `sustain` windows (Pipeline._slowed_alike).
-        self.busy = RatioBaseline(warmup=BUSY_WARMUP)
+        # The time a rank spends in the key's ops per window, and its last `sustain`
+        # windows (Pipeline._slowed_alike). Its usual value is kept as RatioBaseline
+        # keeps a bus bandwidth (in log space; the median of the first BUSY_WARMUP
+        # healthy windows, then EW), inline: one of these is learned per verdict.
+        self.busy_log: list[float] | float = []  # the warm-up's logs, then the log baseline
+        self.busy_n = 0
         self.busy_recent: list[int] = []
 
     tuple = KeyState.tuple
@@ -645,8 +649,26 @@ class KeyView:
             recent.append(v.busy_ns)
             if len(recent) > self.rule.sustain:
                 del recent[0]
-            if not (v.degraded or v.was_firing or v.transition is not None or self.rule.firing):
-                self.busy.learn_one(v.busy_ns)  # as the key's own baseline: healthy windows only
+            if v.busy_ns > 0 and not (v.degraded or v.was_firing or v.transition is not None
+                                      or self.rule.firing):  # healthy windows only
+                self._learn_busy(math.log(v.busy_ns))
+
+    def _learn_busy(self, lx: float) -> None:
+        self.busy_n += 1
+        lb = self.busy_log
+        if isinstance(lb, list):
+            lb.append(lx)
+            if len(lb) >= BUSY_WARMUP:
+                lb.sort()
+                self.busy_log = lb[len(lb) // 2]
+        else:
+            self.busy_log = lb + (lx - lb) * max(BUSY_FADE, 1.0 / self.busy_n)
+
+    @property
+    def busy_usual(self) -> float | None:
+        """The time a rank usually spends in the key's ops per window (None: still learning)."""
+        lb = self.busy_log
+        return None if isinstance(lb, list) else math.exp(lb)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -669,8 +691,7 @@ class KeyView:
             "spread_incident": self.spread_incident,
             "degraded_ns": self.degraded_ns,
             "spread_scores": self.spread_scores,
-            "busy": self.busy.to_state(),
-            "busy_recent": self.busy_recent,
+            "busy": [self.busy_log, self.busy_n, self.busy_recent],
         }
 
     @classmethod
@@ -693,9 +714,10 @@ class KeyView:
         obj.spread_incident = st["spread_incident"]
         obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
         obj.spread_scores = st.get("spread_scores")  # absent before 2026-11-27
-        if "busy" in st:  # absent before 2026-11-27 (afternoon): learned anew
-            obj.busy = RatioBaseline.from_state(st["busy"], warmup=BUSY_WARMUP)
-            obj.busy_recent = list(st["busy_recent"])
+        if "busy" in st:  # absent before 2026-11-27 (morning): learned anew
+            lb, n, recent = st["busy"]
+            obj.busy_log = list(lb) if isinstance(lb, list) else float(lb)
+            obj.busy_n, obj.busy_recent = int(n), list(recent)
         return obj
 
     @classmethod

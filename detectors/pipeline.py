@@ -587,10 +587,10 @@ class Pipeline:
         for view in job.keys.values():
             # Every key of the class, not an incident's members alone: a slower path costs
             # the job through all its keys, and the loss is the whole job's.
-            if ((view.transport in NETWORK_TRANSPORTS) != network or not view.busy.warm
+            b = view.busy_usual
+            if ((view.transport in NETWORK_TRANSPORTS) != network or b is None
                     or not view.busy_recent or view.last_end_ns < fresh):
                 continue
-            b = view.busy.baseline or 0.0
             usual += b
             recent += sum(view.busy_recent) / len(view.busy_recent)
             # An upper bound on a rank's share: each key's ranks counted as if in all keys.
