@@ -649,8 +649,11 @@ class KeyView:
             recent.append(v.busy_ns)
             if len(recent) > self.rule.sustain:
                 del recent[0]
+            # Healthy windows only: neither rule degraded (a late rank's waiting inflates
+            # the others' busy time; it is not the key's usual).
             if v.busy_ns > 0 and not (v.degraded or v.was_firing or v.transition is not None
-                                      or self.rule.firing):  # healthy windows only
+                                      or v.spread_transition is not None or rule_degraded(self.rule)
+                                      or rule_degraded(sr)):
                 self._learn_busy(math.log(v.busy_ns))
 
     def _learn_busy(self, lx: float) -> None:

@@ -617,3 +617,21 @@ def test_a_long_fault_neither_grows_nor_teaches_the_transfer_baseline():
     assert [e.state for e in events] == ["firing", "resolved"]
     (ks,) = p._jobs["j"].stage.values()
     assert len(ks.transfer_unlearned) == 0 and abs(ks.transfer.baseline - 40.0) < 0.5
+
+
+def test_a_late_ranks_waiting_is_not_learned_as_the_keys_usual_busy_time(tmp_path):
+    """The demo: a straggler keeps the others waiting (their busy time inflated) for 20 s,
+    then the network path degrades. Learned as usual, that waiting made the network keys'
+    later busy time look unchanged and the fault the job's own drop (link_share_rise)."""
+    from ncclwatch.detectors import watch
+    from ncclwatch.ingest.recording import Options, ReadStats, read_recording
+    from ncclwatch_testkit import demo
+
+    from ncclwatch.config import load
+
+    t0 = T0 * S
+    demo.write_demo_spool(tmp_path, job="d", seconds=120, t0_ns=t0, straggler_s=(25, 45), network_s=(65, 100))
+    events = watch.detect(load(None, environ={}), read_recording([tmp_path], ReadStats(), Options(job="d")))
+    firing = [(e.type, s(e.detected_ns)) for e in events if e.state == "firing" and e.type != "telemetry_loss"]
+    assert [t for t, _ in firing] == ["straggler", "network_path"], firing
+    assert 65 <= firing[1][1] <= 70
