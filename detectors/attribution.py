@@ -38,6 +38,7 @@ class KeyView(Protocol):
     last_end_ns: int
     rank_host: dict[int, str]
     rank_gpu: dict[int, str]
+    rank_pid: dict[int, int]
     rule: Any  # firing, streak, sustain
     spread_rule: Any
     spread_scores: list[list] | None  # the straggler scorer's top [rank, score] while degraded
@@ -137,6 +138,29 @@ def attribute(
     )
 
 
+def processes(k: KeyView) -> dict[int, tuple[str, str]]:
+    """Each rank's process, as far as the key's windows tell: (host, GPU) where they name
+    the GPU, else (host, ``"pid N"``) where they carry process ids and no two of the key's
+    ranks share one on a host (one process driving several GPUs is not one rank); ranks
+    with neither are left out, never matched across keys.
+
+    >>> from types import SimpleNamespace as K
+    >>> processes(K(rank_host={0: "a", 1: "a"}, rank_gpu={0: "GPU-0"}, rank_pid={0: 7, 1: 8}))
+    {0: ('a', 'GPU-0'), 1: ('a', 'pid 8')}
+    >>> processes(K(rank_host={0: "a", 1: "a"}, rank_gpu={}, rank_pid={0: 7, 1: 7}))
+    {}
+    """
+    gpus, pids = k.rank_gpu, k.rank_pid
+    unique = len({(k.rank_host.get(r), p) for r, p in pids.items()}) == len(pids)
+    out: dict[int, tuple[str, str]] = {}
+    for r, h in k.rank_host.items():
+        if g := gpus.get(r):
+            out[r] = (h, g)
+        elif unique and (p := pids.get(r)):
+            out[r] = (h, f"pid {p}")
+    return out
+
+
 def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[KeyView, int]:
     """Which process the others wait for, by every communicator's spread, not one.
 
@@ -147,14 +171,14 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     there. But in the communicator they share it is the one *waiting*. So each process
     named by a key whose spread is degraded now gets, as support, its lowest score over
     those keys it is a rank of (a key that lists it not among its top ranks: none); the
-    best supported process is the late one. Processes are told apart by (host, GPU);
-    ranks without a GPU are never matched across keys. Returns the key (and rank in it)
+    best supported process is the late one. Processes are told apart by
+    :func:`processes`. Returns the key (and rank in it)
     that names that process best, or ``named`` when nothing says otherwise.
 
     >>> from types import SimpleNamespace as K
     >>> degraded = K(firing=True, streak=0, sustain=3)
     >>> def key(comm, gpus, scores):
-    ...     return K(comm=comm, rank_host={r: "h" for r in range(len(gpus))},
+    ...     return K(comm=comm, rank_host={r: "h" for r in range(len(gpus))}, rank_pid={},
     ...              rank_gpu=dict(enumerate(gpus)), spread_rule=degraded, spread_scores=scores)
     >>> dp = key("dp", ["g0", "g1", "g2", "g3"], [[3, 0.32], [2, 0.25], [1, -0.35], [0, -0.42]])
     >>> tp = key("tp", ["g2", "g3"], [[0, 0.96], [1, -271.0]])  # g3 waits for g2 here
@@ -169,20 +193,17 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     if len(views) < 2:
         return named
 
-    def proc(k: KeyView, rank: int) -> tuple[str, str] | None:
-        gpu = k.rank_gpu.get(rank)
-        return (k.rank_host.get(rank, ""), gpu) if gpu else None
-
-    listed = [{p: score for r, score in k.spread_scores or () if (p := proc(k, r)) is not None}
-              for k in views]
-    members = [{p for r in k.rank_host if (p := proc(k, r)) is not None} for k in views]
+    procs = [processes(k) for k in views]
+    listed = [{p: score for r, score in k.spread_scores or () if (p := ps.get(r)) is not None}
+              for k, ps in zip(views, procs, strict=True)]
+    members = [set(ps.values()) for ps in procs]
 
     def support(p: tuple[str, str]) -> float:
         # a process no degraded key has among its ranks has nothing against it
         return min((ls.get(p, -math.inf) for ls, ms in zip(listed, members, strict=True) if p in ms),
                    default=math.inf)
 
-    current = proc(*named)
+    current = processes(named[0]).get(named[1])
     if current is None:  # nothing to match it by
         return named
     candidates = {p for ls in listed for p in list(ls)[:1]} | {current}
@@ -190,5 +211,5 @@ def late_process(keys: Iterable[KeyView], named: tuple[KeyView, int]) -> tuple[K
     if best == current or support(best) <= support(current):
         return named
     # the key that scores it best names it (its rank there)
-    k = max((kv for kv in zip(views, listed, strict=True) if best in kv[1]), key=lambda kv: kv[1][best])[0]
-    return k, next(r for r in k.rank_host if proc(k, r) == best)
+    i = max((i for i, ls in enumerate(listed) if best in ls), key=lambda i: listed[i][best])
+    return views[i], next(r for r, p in procs[i].items() if p == best)

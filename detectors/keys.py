@@ -106,6 +106,7 @@ class KeyVerdict:
     spread_rule: tuple[bool, int, int | None, int | None]
     rank_host: dict[int, str] | None = None  # a copy, only when it changed
     rank_gpu: dict[int, str] | None = None
+    rank_pid: dict[int, int] | None = None  # likewise (absent in verdicts of older builds)
     fired: FireEvidence | None = None  # with transition FIRE
     spread_fired: SpreadEvidence | None = None  # with spread_transition FIRE
     # The straggler scorer's top ranks while the spread is degraded now (else None): what
@@ -219,7 +220,7 @@ class KeyState:
 
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "nranks", "window_ns",
-        "host", "rank_host", "rank_gpu", "baseline", "drift", "rule", "straggler", "pending",
+        "host", "rank_host", "rank_gpu", "rank_pid", "baseline", "drift", "rule", "straggler", "pending",
         "closed_before", "last_end_ns", "last_effect", "last_observed", "streak",
         "unlearned", "frozen_until", "frozen_obs", "spread", "spread_rule", "spread_unlearned", "tags",
         "transfer", "transfer_unlearned",
@@ -236,6 +237,7 @@ class KeyState:
         self.host: str | None = w.host
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, str] = {}  # "GPU-<uuid>" where the windows carry it
+        self.rank_pid: dict[int, int] = {}  # process ids, where the windows carry them
         self.baseline = RatioBaseline(**p.baseline)
         self.drift = DriftEvidence(**p.drift)
         self.rule = SustainedRule(**p.rule)
@@ -348,6 +350,7 @@ class KeyState:
         single_host = True
         rank_host = self.rank_host
         rank_gpu = self.rank_gpu
+        rank_pid = self.rank_pid
         moved = False
         for r in recs:
             if r.host != h0:
@@ -357,6 +360,9 @@ class KeyState:
                 moved = True
             if r.gpu and rank_gpu.get(r.rank) != r.gpu:
                 rank_gpu[r.rank] = r.gpu
+                moved = True
+            if r.pid and rank_pid.get(r.rank) != r.pid:
+                rank_pid[r.rank] = r.pid
                 moved = True
         self.host = h0 if single_host else None
         spread = None
@@ -459,7 +465,8 @@ class KeyState:
             warm=base.log_baseline is not None, baseline_after=base.baseline,
             closed_before=self.closed_before, rule=RuleView.of(rule),
             spread_rule=RuleView.of(self.spread_rule), rank_host=dict(rank_host) if moved else None,
-            rank_gpu=dict(rank_gpu) if moved else None, fired=fired, spread_fired=spread_fired,
+            rank_gpu=dict(rank_gpu) if moved else None,
+            rank_pid=dict(rank_pid) if moved else None, fired=fired, spread_fired=spread_fired,
             spread_scores=spread_scores, busy_ns=busy[n >> 1],
         )
 
@@ -497,6 +504,7 @@ class KeyState:
             "host": self.host,
             "rank_host": [[r, h] for r, h in self.rank_host.items()],
             "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
+            "rank_pid": [[r, p] for r, p in self.rank_pid.items()],
             "baseline": self.baseline.to_state(),
             "drift": self.drift.to_state(),
             "rule": self.rule.to_state(),
@@ -530,6 +538,7 @@ class KeyState:
         obj.host = st["host"]
         obj.rank_host = {int(r): h for r, h in st["rank_host"]}
         obj.rank_gpu = {int(r): g for r, g in st.get("rank_gpu", ())}  # absent before 2026-11-25
+        obj.rank_pid = {int(r): int(p) for r, p in st.get("rank_pid", ())}  # before 2026-11-27
         obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
         obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
         obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
@@ -563,7 +572,7 @@ class KeyView:
 
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
-        "rank_gpu", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
+        "rank_gpu", "rank_pid", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
         "spread_scores", "busy_log", "busy_n", "busy_recent",
     )
@@ -576,6 +585,7 @@ class KeyView:
         self.host: str | None = None
         self.rank_host: dict[int, str] = {}
         self.rank_gpu: dict[int, str] = {}
+        self.rank_pid: dict[int, int] = {}
         self.warm = False
         self.baseline: float | None = None
         self.last_end_ns = -1
@@ -614,6 +624,7 @@ class KeyView:
         obj.host = ks.host
         obj.rank_host = dict(ks.rank_host)
         obj.rank_gpu = dict(ks.rank_gpu)
+        obj.rank_pid = dict(ks.rank_pid)
         obj.warm = ks.warm
         obj.baseline = ks.baseline.baseline
         obj.last_end_ns = ks.last_end_ns
@@ -641,6 +652,8 @@ class KeyView:
             self.rank_host = v.rank_host
         if v.rank_gpu is not None:
             self.rank_gpu = v.rank_gpu
+        if v.rank_pid is not None:
+            self.rank_pid = v.rank_pid
         if v.fired is not None:
             self.fire_streak = v.fired.streak
         self.spread_scores = v.spread_scores
@@ -680,6 +693,7 @@ class KeyView:
             "host": self.host,
             "rank_host": [[r, h] for r, h in self.rank_host.items()],
             "rank_gpu": [[r, g] for r, g in self.rank_gpu.items()],
+            "rank_pid": [[r, p] for r, p in self.rank_pid.items()],
             "warm": self.warm,
             "baseline": self.baseline,
             "last_end": self.last_end_ns,
@@ -703,6 +717,7 @@ class KeyView:
         obj.host = st["host"]
         obj.rank_host = {int(r): h for r, h in st["rank_host"]}
         obj.rank_gpu = {int(r): g for r, g in st["rank_gpu"]}
+        obj.rank_pid = {int(r): int(p) for r, p in st.get("rank_pid", ())}  # before 2026-11-27
         obj.warm = st["warm"]
         obj.baseline = st["baseline"]
         obj.last_end_ns = st["last_end"]

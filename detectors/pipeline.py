@@ -50,7 +50,7 @@ from ncclwatch.records import (
 )
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import Verdict, attribute, degraded_now, late_process, rule_degraded
+from .attribution import Verdict, attribute, degraded_now, late_process, processes, rule_degraded
 from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
@@ -478,11 +478,11 @@ class Pipeline:
         named = _named_key(job, inc)
         if named is None or inc.rank is None:
             return []
-        host, gpu = named.rank_host.get(inc.rank), named.rank_gpu.get(inc.rank)
+        host, proc = named.rank_host.get(inc.rank), processes(named).get(inc.rank)
         return [
             o for o in job.incidents.values()
             if o is not inc and o.type in LINK_TYPES and o.start_ns <= inc.start_ns
-            and any(_has_process(job.keys.get(m[:4]), host, gpu) for m in o.members)
+            and any(_has_process(job.keys.get(m[:4]), host, proc) for m in o.members)
         ]
 
     @staticmethod
@@ -1115,10 +1115,14 @@ def _named_key(job: JobState, inc: Incident) -> KeyView | None:
     return job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
 
 
-def _has_process(view: KeyView | None, host: str | None, gpu: str | None) -> bool:
-    """The key has a rank on ``host`` (and on ``gpu``, where the ranks name theirs)."""
-    return view is not None and any(h == host and (gpu is None or view.rank_gpu.get(r) == gpu)
-                                    for r, h in view.rank_host.items())
+def _has_process(view: KeyView | None, host: str | None, proc: tuple[str, str] | None) -> bool:
+    """The key has process ``proc`` among its ranks (:func:`processes`), or, where the
+    process is not known, a rank on ``host``."""
+    if view is None:
+        return False
+    if proc is None:
+        return host in view.rank_host.values()
+    return proc in processes(view).values()
 
 
 def _job_state(job: JobState) -> dict[str, Any]:

@@ -111,7 +111,8 @@ class _Acc:
             busbw_gbs_p50=nearest_rank(busbw, 50),
             first_seq=self.seq_min,
             last_seq=self.seq_max,
-            gpu=first.gpu,
+            gpu="" if first.gpu == "unknown" else first.gpu,  # the window contract's unknown
+            pid=first.pid,
         )
 
 

@@ -218,6 +218,11 @@ class WindowSummary:
     # Optional (added within contract 1): the rank's GPU as the plugin saw it, "GPU-<uuid>"
     # (DCGM's UUID), or "" where unknown (Inspector input, older forwarders).
     gpu: str = _f(default="")
+    # Optional (added within contract 1, 2026-11-27): the rank's process id as in its ops,
+    # or 0 where unknown. With the host it tells one process from another where no GPU is
+    # known (NCCL Inspector input), so that a straggler seen in several communicators is
+    # matched to one process.
+    pid: int = _f(minimum=0, default=0)
 
 
 @dataclass(frozen=True, slots=True)
