@@ -259,9 +259,16 @@ class RatioBaseline(base.Base):
         # to a spike and to a drift during the warm-up.
         diffs = sorted(0.5 * (b - a) ** 2 for a, b in zip(order, order[1:], strict=False))
         kept = diffs[:-2] if len(diffs) >= 5 else diffs
+        # Neither differences nor deviations beyond three robust sigmas count (a job's
+        # first steps are often far slower: start-up, not noise).
+        far = (3 * 1.4826 * mad) ** 2
+        if mad > 0:
+            kept = [d for d in kept if d <= far]  # half a squared difference: sigma^2
         diff_var = sum(kept) / len(kept) if kept else 0.0
         # And the spread around the median without the largest deviation.
         trimmed = devs[:-1] if n >= 5 else devs
+        if mad > 0:
+            trimmed = [d for d in trimmed if d * d <= far]
         spread_var = sum(d * d for d in trimmed) / max(len(trimmed) - 1, 1)
         start = median
         prior = self._prior

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from dataclasses import replace
 
 from ncclwatch.detectors.model import BusbwModel, ModelEntry
@@ -245,6 +246,20 @@ def test_throughput_drop_with_healthy_nccl_is_reported_as_not_nccl():
         ("throughput_drop", "unknown", "firing"), ("throughput_drop", "unknown", "resolved")]
     assert events[0].severity == "warning" and events[0].baseline_busbw_gbs is None
     assert abs(events[0].throughput_delta - (250 / 310 - 1)) < 0.01
+
+
+def test_a_slow_start_does_not_make_the_throughput_baseline_deaf_to_a_small_drop():
+    # A job's first steps are slow (start-up: 300 and 280 against ~346 TFLOP/s, as the
+    # recorded Inspector run i4-slow-all-1.2x), then ~1 % noise; a 7 % loss from t=30
+    # must still be raised: the warm-up's noise estimate leaves the start-up out.
+    rnd = random.Random(3)
+    def make(t):
+        level = 300.0 if t == 0 else 280.0 if t == 1 else 322.0 if 30 <= t < 50 else 346.0
+        return [*two_ranks(lambda t: 40.0)(t), tp(t, level * rnd.uniform(0.99, 1.01))]
+    events = feed(Pipeline(CFG), range(70), make)
+    assert [(e.type, e.state) for e in events] == [
+        ("throughput_drop", "firing"), ("throughput_drop", "resolved")]
+    assert 30 <= s(events[0].start_ns) <= 31
 
 
 def slowed_job(link_share_rises: bool):

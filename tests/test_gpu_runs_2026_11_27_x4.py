@@ -121,13 +121,17 @@ def test_an_inspector_straggler_is_matched_across_communicators_by_its_process_i
 def test_the_fifth_batch_held_out_as_first_judged(rows):
     """Recorded with the fourth, judged once by 4ebe770: 7 of 9 (8d99d46 gives the same
     table). Misses: a clean run whose network keys drifted ~14 % slower while the job
-    dipped ~7 % for three windows (network_path); every rank 1.2x slower through
-    Inspector costing 7 %, never raised (the throughput baseline followed it down)."""
+    dipped ~7 % for three windows (network_path, not changed for); every rank 1.2x
+    slower through Inspector costing 7 %, never raised: the job's two slow first windows
+    had tripled the throughput baseline's noise, so the loss stayed under 3 sigmas and
+    was learned. Since the warm-up leaves such values out of the noise: found, 3.8 s in
+    (this batch is no longer held out for that rule)."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
     wrong = {n for n in SPLIT["heldout_3"] if not rows[n]["ok"]}
-    assert wrong == {"i4-clean-2", "i4-slow-all-1.2x"}, table
+    assert wrong == {"i4-clean-2"}, table
     assert rows["i4-clean-2"]["false_alerts"] == ["network_path"], table
-    assert rows["i4-slow-all-1.2x"]["got"] == "-" and rows["i4-slow-all-1.2x"]["false_alerts"] == [], table
+    r = rows["i4-slow-all-1.2x"]
+    assert (r["got"], r["delay_s"], r["false_alerts"]) == ("throughput_drop", 3.8, []), table
 
 
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):

@@ -281,6 +281,14 @@ warning; starved proxies are the network's trouble): 8 of 9. The fifth, held out
 once by 4ebe770: 7 of 9 (8d99d46 the same): a clean run's 3-window dip raised as
 `network_path`, and a 7 % every-rank slowdown through Inspector never raised. 37 runs in
 all; every earlier run's row unchanged.
+
+Two changes followed (2026-11-27, afternoon; docs/detectors.md). Windows carry the process
+id (`window.pid`, "Which process is late"): the fourth batch's Inspector straggler on GPU 0
+is named right (9 of 9). A baseline's warm-up leaves values beyond three robust sigmas out
+of its noise estimate (the throughput's first two windows, start-up, had tripled it, so
+the fifth batch's 7 % loss stayed under 3 sigmas and was learned): that run is right (8 of
+9; the batch is no longer held out for this rule). No other row of any batch changed
+(34 of 37).
 """
 
 GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with
