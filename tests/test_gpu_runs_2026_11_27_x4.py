@@ -134,6 +134,18 @@ def test_the_fifth_batch_held_out_as_first_judged(rows):
     assert (r["got"], r["delay_s"], r["false_alerts"]) == ("throughput_drop", 3.8, []), table
 
 
+def test_the_sixth_batch_held_out_as_first_judged(rows):
+    """Recorded while the process id and the warm-up's noise were changed, judged once
+    after them (3b0fb9d): 9 of 9. Three Inspector stragglers named on the slow GPU (the
+    code before, 4f996ec, named two of them as their NVLink peers: 7 of 9)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_4"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_4"]), table
+    for n in ("i4-strag-r0-1.5x", "i4-strag-r1-1.2x", "i4-strag-r2-1.3x", "p4-strag-r0-1.3x"):
+        assert rows[n]["got"].startswith("straggler") and rows[n]["false_alerts"] == [], table
+    for n in ("i4-clean-3", "p4-clean-2"):
+        assert rows[n]["got"] == "-" and rows[n]["false_alerts"] == [], table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later
