@@ -254,6 +254,10 @@ def alert_from_event(
     annotations = {k: v for k, v in annotations.items() if v}  # links not configured: none
     if ev.key.get("comm_name"):
         annotations["comm_name"] = ev.key["comm_name"]
+    pid = ev.evidence.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        # the straggler's process (an annotation: a label per process would split groups)
+        annotations["pid"] = str(pid)
     if ev.baseline_busbw_gbs is not None:
         annotations["baseline_busbw_gbs"] = f"{ev.baseline_busbw_gbs:.3f}"
     if ev.observed_busbw_gbs is not None:

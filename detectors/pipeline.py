@@ -357,7 +357,7 @@ class Pipeline:
             host=host, rank=rank,
             evidence={"rank_scores": sc.rank_scores, "comm": ks.comm,
                       "spread_effect": round(spread_effect, 6), "waiting_share": sc.waiting,
-                      **({"gpu": ks.rank_gpu[rank]} if rank in ks.rank_gpu else {})},
+                      **_process_evidence(ks, rank)},
         )
         member = (*ks.tuple, "spread")
         inc = self._find_live(job, "straggler", v.scope) or self._reopen(job, "straggler", v.scope, out)
@@ -499,8 +499,9 @@ class Pipeline:
         inc.evidence.setdefault("named_first", {"comm": named.comm, "rank": inc.rank})
         inc.rank, inc.host, inc.key = rank, view.rank_host.get(rank), view.describe()
         inc.evidence.update(comm=view.comm, rank_scores=view.spread_scores)
-        if rank in view.rank_gpu:
-            inc.evidence["gpu"] = view.rank_gpu[rank]
+        inc.evidence.pop("gpu", None)
+        inc.evidence.pop("pid", None)
+        inc.evidence.update(_process_evidence(view, rank))
 
     def _reports_throughput(self, job: JobState) -> bool:
         ts = job.throughput.ts_ns
@@ -1113,6 +1114,16 @@ def _named_key(job: JobState, inc: Incident) -> KeyView | None:
     """The job stage's view of the key an incident names (its ``key``)."""
     k = inc.key
     return job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+
+
+def _process_evidence(view: Any, rank: int) -> dict[str, Any]:
+    """What an event says of a rank's process: its GPU and process id, where known."""
+    out: dict[str, Any] = {}
+    if gpu := view.rank_gpu.get(rank):
+        out["gpu"] = gpu
+    if pid := view.rank_pid.get(rank):
+        out["pid"] = pid
+    return out
 
 
 def _has_process(view: KeyView | None, host: str | None, proc: tuple[str, str] | None) -> bool:

@@ -200,6 +200,16 @@ def test_a_straggler_alert_names_its_gpu_as_dcgm_does():
     assert "UUID" not in alerts.alert_from_event(event(), alerts.AlertLinks())["labels"]
 
 
+def test_a_straggler_alert_without_a_gpu_names_its_process_in_an_annotation():
+    # NCCL Inspector gives no GPU: the process id (host + pid) is what finds the process
+    ev = event(type="straggler", attribution="straggler", rank=0, host="node-0", evidence={"pid": 2021})
+    a = alerts.alert_from_event(ev, alerts.AlertLinks())
+    assert a["annotations"]["pid"] == "2021" and "UUID" not in a["labels"] and "pid" not in a["labels"]
+    for bad in (0, True, "2021", None):
+        ev = event(type="straggler", attribution="straggler", rank=0, host="node-0", evidence={"pid": bad})
+        assert "pid" not in alerts.alert_from_event(ev, alerts.AlertLinks())["annotations"]
+
+
 def test_annotations_carry_baseline_observed_effect_since_and_throughput():
     a = alerts.alert_from_event(event(), alerts.AlertLinks())
     ann = a["annotations"]

@@ -116,6 +116,7 @@ def test_an_inspector_straggler_is_matched_across_communicators_by_its_process_i
     first = next(c for c in info["comms"].values() if c["comm"] == ev.evidence["named_first"]["comm"])
     assert info["ranks"][str(first["ranks"][ev.evidence["named_first"]["rank"]])]["gpu"] == 1
     assert "gpu" not in ev.evidence  # none is known; "unknown" is not a GPU
+    assert ev.evidence["pid"] == info["ranks"]["0"]["pid"]  # the process to look at
 
 
 def test_the_fifth_batch_held_out_as_first_judged(rows):
