@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ncclwatch.records import UNKNOWN_GPU  # in windows of forwarders before 2026-11-27
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
 
@@ -149,12 +150,14 @@ def processes(k: KeyView) -> dict[int, tuple[str, str]]:
     {0: ('a', 'GPU-0'), 1: ('a', 'pid 8')}
     >>> processes(K(rank_host={0: "a", 1: "a"}, rank_gpu={}, rank_pid={0: 7, 1: 7}))
     {}
+    >>> processes(K(rank_host={0: "a"}, rank_gpu={0: "unknown"}, rank_pid={0: 7}))  # older forwarders
+    {0: ('a', 'pid 7')}
     """
     gpus, pids = k.rank_gpu, k.rank_pid
     unique = len({(k.rank_host.get(r), p) for r, p in pids.items()}) == len(pids)
     out: dict[int, tuple[str, str]] = {}
     for r, h in k.rank_host.items():
-        if g := gpus.get(r):
+        if (g := gpus.get(r)) and g != UNKNOWN_GPU:
             out[r] = (h, g)
         elif unique and (p := pids.get(r)):
             out[r] = (h, f"pid {p}")

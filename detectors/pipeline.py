@@ -41,6 +41,7 @@ from typing import Any
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import (
+    UNKNOWN_GPU,
     AnomalyEvent,
     DropRecord,
     OpRecord,
@@ -50,7 +51,14 @@ from ncclwatch.records import (
 )
 from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import Verdict, attribute, degraded_now, late_process, processes, rule_degraded
+from .attribution import (
+    Verdict,
+    attribute,
+    degraded_now,
+    late_process,
+    processes,
+    rule_degraded,
+)
 from .baseline import learn_or_hold
 from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
@@ -1119,7 +1127,7 @@ def _named_key(job: JobState, inc: Incident) -> KeyView | None:
 def _process_evidence(view: Any, rank: int) -> dict[str, Any]:
     """What an event says of a rank's process: its GPU and process id, where known."""
     out: dict[str, Any] = {}
-    if gpu := view.rank_gpu.get(rank):
+    if (gpu := view.rank_gpu.get(rank)) and gpu != UNKNOWN_GPU:
         out["gpu"] = gpu
     if pid := view.rank_pid.get(rank):
         out["pid"] = pid

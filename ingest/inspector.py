@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 
 from ncclwatch import records, rules
-from ncclwatch.records import OpRecord, Quarantined, RecordError, WindowSummary
+from ncclwatch.records import UNKNOWN_GPU, OpRecord, Quarantined, RecordError, WindowSummary
 
 # Inspector spells a few ops differently from NCCL's public names used in the contract.
 _OP_NAMES = {"All2All": "AllToAll"}
@@ -103,7 +103,7 @@ def comm_name_of(name: str) -> str:
     return "" if name == "unknown" else name
 
 
-def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = "unknown") -> OpRecord:
+def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = UNKNOWN_GPU) -> OpRecord:
     """Map one Inspector JSON-mode line to an ``op`` record (raises InspectorError)."""
     if isinstance(raw, bytes):
         try:

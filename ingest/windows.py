@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
-from ncclwatch.records import UNTIMED, OpRecord, WindowSummary
+from ncclwatch.records import UNKNOWN_GPU, UNTIMED, OpRecord, WindowSummary
 from ncclwatch.rules import size_bucket
 
 Stream = tuple[str, str, int]  # (job, host, pid)
@@ -111,7 +111,7 @@ class _Acc:
             busbw_gbs_p50=nearest_rank(busbw, 50),
             first_seq=self.seq_min,
             last_seq=self.seq_max,
-            gpu="" if first.gpu == "unknown" else first.gpu,  # the window contract's unknown
+            gpu="" if first.gpu == UNKNOWN_GPU else first.gpu,
             pid=first.pid,
         )
 

@@ -42,6 +42,7 @@ DURATION_MAX_NS = 86_400 * 10**9
 
 TRANSPORTS = ("single", "nvlink", "net", "mixed")
 TIMINGS = ("kernel_gpu", "host", "inspector", "sampled_out")
+UNKNOWN_GPU = "unknown"  # an op's gpu where none is known (a window's is "")
 # Timings whose ops carry no duration (exec_ns 0, bandwidths 0): counted, never measured.
 UNTIMED = frozenset(("host", "sampled_out"))
 DROP_REASONS = ("pool_full", "ring_full", "disk_full", "write_error", "untimed", "quarantined", "other")
