@@ -960,7 +960,7 @@ class Pipeline:
         tp = job.throughput
         since = since_ns if since_ns is not None else tp.rule.start_ns if tp.rule.firing else None
         d = None if since is None else tp.delta(since, job.watermark)
-        alike = {n: d is not None and self._slowed_alike(job, n, -d) for n in (True, False)}
+        alike: dict[bool, bool] = {}  # per class, asked only of a degraded key (a scan each)
         now = job.watermark
         recent = job.lateness_ns + 2 * job.window_ns
         for ks in job.keys.values():
@@ -969,10 +969,15 @@ class Pipeline:
             live = now - ks.last_end_ns <= recent
             if live and rule_degraded(ks.spread_rule):
                 return True  # a late rank: not a class's bandwidth, whatever it did
-            if ks.incident is None and alike[ks.transport in NETWORK_TRANSPORTS]:
+            if not ((live and degraded_now(ks)) or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)):
                 continue
-            if (live and degraded_now(ks)) or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns):
-                return True
+            if ks.incident is None:
+                net = ks.transport in NETWORK_TRANSPORTS
+                if net not in alike:
+                    alike[net] = d is not None and self._slowed_alike(job, net, -d)
+                if alike[net]:
+                    continue
+            return True
         return False
 
     def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
