@@ -452,8 +452,8 @@ class KeyState:
         spread_scores = _top_scores(self.straggler) if rule_degraded(self.spread_rule) else None
         if spread_transition == FIRE:
             sc = self.straggler
-            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, spread_scores or _top_scores(sc),
-                                          round(wait, 6))
+            # firing is degraded, so spread_scores was just computed
+            spread_fired = SpreadEvidence(sc.low_rank, sc.low_streak, spread_scores or [], round(wait, 6))
         ex = sorted([r.exec_ns_p50 for r in recs])
         busy = sorted([r.count * r.exec_ns_p50 for r in recs])
         return KeyVerdict(
