@@ -250,7 +250,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_4", "Sixth batch, held out (judged once by 3b0fb9d: 9 of 9)"),
+    for half, heading in (("heldout_5", "Seventh batch, held out (judged once by 039fe0e: 9 of 9)"),
+                          ("heldout_4", "Sixth batch, held out (judged once by 3b0fb9d: 9 of 9)"),
                           ("heldout_3", "Fifth batch, held out (judged once by 4ebe770: 7 of 9)"),
                           ("tune_2", "Fourth batch (judged once by 70d8b7a: 5 of 9; it shaped two changes)"),
                           ("heldout_2", "Third batch, held out (other layouts; judged once after the changes)"),
@@ -260,8 +261,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """46 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,o}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """55 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,p}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -295,7 +296,11 @@ A sixth batch (plan `o`: Inspector stragglers on ranks 0, 1 and 2, every rank 1.
 both profilers, a 40 Gbit/s throttle through Inspector, a straggler on rank 0 through the
 plugin, two clean runs) was recorded while those two changes were made and judged once
 after them, by 3b0fb9d: 9 of 9. The code before them (4f996ec) gives it 7 of 9: the
-Inspector stragglers on GPUs 2 and 0 named as their NVLink peers. 43 of the 46 right.
+Inspector stragglers on GPUs 2 and 0 named as their NVLink peers. A seventh (plan `p`:
+Inspector stragglers on four pretend nodes and on one NVLink node of four, a 1.15× one
+under the gate, throttles of 48 Gbit/s and of 20 Gbit/s for 8 s only, a straggler for 8 s
+only, every rank 1.3× through Inspector, milder proxy starvation, a clean run), recorded
+after them and judged once by 039fe0e: 9 of 9 (4f996ec the same). 52 of the 55 right.
 """
 
 GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with
