@@ -301,6 +301,9 @@ Inspector stragglers on four pretend nodes and on one NVLink node of four, a 1.1
 under the gate, throttles of 48 Gbit/s and of 20 Gbit/s for 8 s only, a straggler for 8 s
 only, every rank 1.3× through Inspector, milder proxy starvation, a clean run), recorded
 after them and judged once by 039fe0e: 9 of 9 (4f996ec the same). 52 of the 55 right.
+The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
+and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
+changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003).
 """
 
 GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with

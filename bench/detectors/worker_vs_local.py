@@ -1,0 +1,51 @@
+"""Recorded GPU runs through the cluster path and through local mode: the same events?
+
+Each run goes through its own ``ncclwatch forward --once`` into fresh topics, then one
+``ncclwatch worker`` over them (``tests/drivers_support.recorded_runs_through_worker``,
+which ``tests/test_gpu_runs_*.py`` use on a few runs each); local mode reads the same
+records. Prints the event counts and whether they are equal, event for event (id, type,
+state, attribution, start, severity, rank, communicator). Needs the project's Kafka
+(``scripts/services.sh start kafka``).
+
+    .venv/bin/python bench/detectors/worker_vs_local.py --bootstrap 127.0.0.1:PORT RUN.tar.gz ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench" / "detectors"))
+from drivers_support import recorded_runs_through_worker  # noqa: E402
+
+
+def ident(e: dict) -> tuple:
+    return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["start_ns"], e["severity"],
+            e.get("rank"), (e.get("evidence") or {}).get("comm"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap address (host:port)")
+    ap.add_argument("runs", nargs="+", type=Path, help="run archives (*.tar.gz)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        got = recorded_runs_through_worker(args.bootstrap, Path(tmp), args.runs)
+    worker = sorted(map(ident, got["events"]))
+    local = sorted(ident(e) for evs in got["local"].values() for e in evs)
+    print(f"runs {len(args.runs)}, worker events {len(worker)}, local events {len(local)}, "
+          f"equal: {worker == local}")
+    if worker != local:
+        for e in sorted(set(worker) ^ set(local), key=str):
+            print("  only in", "worker" if e in worker else "local", e)
+        print(got["log"][-2000:])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
