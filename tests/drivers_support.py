@@ -488,3 +488,17 @@ def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list
     finally:
         worker.stop()
     return {"events": events, "local": local, "tmp": tmp, "log": worker.output()}
+
+
+def recorded_event(e: dict) -> tuple:
+    """What must be equal between the worker's and local mode's events of recorded runs:
+    which incident, what state, when, why, how severe, and which rank of which
+    communicator it names."""
+    return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["start_ns"], e["severity"],
+            e.get("rank"), (e.get("evidence") or {}).get("comm"))
+
+
+def worker_and_local(got: dict) -> tuple[list[tuple], list[tuple]]:
+    """:func:`recorded_runs_through_worker`'s two sides as sorted :func:`recorded_event` lists."""
+    return (sorted(map(recorded_event, got["events"])),
+            sorted(recorded_event(e) for evs in got["local"].values() for e in evs))

@@ -137,15 +137,11 @@ KAFKA_RUNS = ("n-nvlink-1x1", "n-nvlink-4x2", "p-tc-pulse-12g", "i-tc-pulse-16g"
 def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     """The changes of this day (the transfer check in the key stage, reopening and the
     throughput look-back in the job stage) hold on the cluster path, event for event."""
-    from drivers_support import recorded_runs_through_worker
+    from drivers_support import recorded_runs_through_worker, worker_and_local
 
     got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in KAFKA_RUNS])
 
-    def ident(e: dict) -> tuple:
-        return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["rank"], e["start_ns"],
-                e["severity"])
-    worker = sorted(map(ident, got["events"]))
-    local = sorted(ident(e) for evs in got["local"].values() for e in evs)
+    worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])
     # reopened under one id: the pulsed run's network_path fires more than once
     pulsed = [e for e in got["events"] if e["job"].endswith("p-tc-pulse-12g") and e["state"] == "firing"]

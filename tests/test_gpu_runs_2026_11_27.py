@@ -57,13 +57,10 @@ def test_the_recordings_carry_send_and_recv(name, tmp_path):
 @pytest.mark.kafka
 def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     """Send/Recv windows take the cluster path (forward -> Kafka -> worker) as well."""
-    from drivers_support import recorded_runs_through_worker
+    from drivers_support import recorded_runs_through_worker, worker_and_local
 
     got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, sorted(FIXTURES.glob("*.tar.gz")))
 
-    def ident(e: dict) -> tuple:
-        return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["start_ns"], e["severity"])
-    worker = sorted(map(ident, got["events"]))
-    local = sorted(ident(e) for evs in got["local"].values() for e in evs)
+    worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])
     assert {e[2] for e in worker} == {"network_path"}

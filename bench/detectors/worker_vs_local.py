@@ -20,12 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench" / "detectors"))
-from drivers_support import recorded_runs_through_worker  # noqa: E402
-
-
-def ident(e: dict) -> tuple:
-    return (e["job"], e["id"], e["type"], e["state"], e["attribution"], e["start_ns"], e["severity"],
-            e.get("rank"), (e.get("evidence") or {}).get("comm"))
+from drivers_support import recorded_runs_through_worker, worker_and_local  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         got = recorded_runs_through_worker(args.bootstrap, Path(tmp), args.runs)
-    worker = sorted(map(ident, got["events"]))
-    local = sorted(ident(e) for evs in got["local"].values() for e in evs)
+    worker, local = worker_and_local(got)
     print(f"runs {len(args.runs)}, worker events {len(worker)}, local events {len(local)}, "
           f"equal: {worker == local}")
     if worker != local:
