@@ -157,6 +157,19 @@ def test_the_seventh_batch_held_out_as_first_judged(rows):
     assert rows["i4-strag-r3-1.15x"]["got"] == "-" and rows["i4-strag-r3-1.15x"]["false_alerts"] == [], table
 
 
+def test_the_eighth_batch_held_out_as_first_judged(rows):
+    """Job shapes the 4-GPU batches never had (pipeline Send/Recv of 32 MiB, a 256 MiB
+    data-parallel AllReduce, 64 MiB, two layers), recorded and judged once (5f02617):
+    9 of 9, every fault critical but the every-rank slowdown, nothing on the clean runs."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_6"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_6"]), table
+    for n in ("p4-pp-tc-24g", "p4-big-tc-32g", "i4-dp64-tc-40g", "i4-big-cpu-k2"):
+        assert rows[n]["got"] == "network_path" and rows[n]["severity"] == "critical", table
+    assert rows["p4-layers2-slow-all-1.2x"]["got"] == "throughput_drop", table
+    for n in ("i4-big-clean", "p4-pp-clean"):
+        assert rows[n]["got"] == "-" and rows[n]["false_alerts"] == [], table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

@@ -250,7 +250,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_5", "Seventh batch, held out (judged once by 039fe0e: 9 of 9)"),
+    for half, heading in (("heldout_6", "Eighth batch, held out (other job shapes; judged once by 5f02617: 9 of 9)"),
+                          ("heldout_5", "Seventh batch, held out (judged once by 039fe0e: 9 of 9)"),
                           ("heldout_4", "Sixth batch, held out (judged once by 3b0fb9d: 9 of 9)"),
                           ("heldout_3", "Fifth batch, held out (judged once by 4ebe770: 7 of 9)"),
                           ("tune_2", "Fourth batch (judged once by 70d8b7a: 5 of 9; it shaped two changes)"),
@@ -261,8 +262,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """55 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,p}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """64 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,q}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -300,7 +301,12 @@ Inspector stragglers on GPUs 2 and 0 named as their NVLink peers. A seventh (pla
 Inspector stragglers on four pretend nodes and on one NVLink node of four, a 1.15× one
 under the gate, throttles of 48 Gbit/s and of 20 Gbit/s for 8 s only, a straggler for 8 s
 only, every rank 1.3× through Inspector, milder proxy starvation, a clean run), recorded
-after them and judged once by 039fe0e: 9 of 9 (4f996ec the same). 52 of the 55 right.
+after them and judged once by 039fe0e: 9 of 9 (4f996ec the same). An eighth (plan `q`: job
+shapes no 4-GPU batch had, so other keys and baselines: pipeline Send/Recv of 32 MiB per
+step, a 256 MiB and a 64 MiB data-parallel AllReduce, two layers per step; under
+throttles of 24–40 Gbit/s, proxy starvation, stragglers of 1.2× and 1.3×, every rank
+1.2×, and clean), recorded in a later session and judged once by 5f02617: 9 of 9.
+61 of the 64 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003).
