@@ -943,8 +943,8 @@ class Pipeline:
                 for _, value in steps:
                     self.observer.throughput(job.job, value)
             w = job.window_ns or DEFAULT_WINDOW_NS
-            for end, value in tp.windows(steps, w):
-                self._step(job, end - w, end, value, out)
+            for end, value, filled in tp.windows(steps, w):
+                self._step(job, end - w, end, value, out, filled)
 
     def _comm_trouble(self, job: JobState, since_ns: int | None = None) -> bool:
         """A comm incident is open, or a key is degraded now (or, with ``since_ns``, was
@@ -980,8 +980,9 @@ class Pipeline:
             return True
         return False
 
-    def _step(self, job: JobState, start: int, end: int, value: float, out: list) -> None:
-        """One completed throughput window ``[start, end)`` with its mean TFLOP/s."""
+    def _step(self, job: JobState, start: int, end: int, value: float, out: list, filled: bool = False) -> None:
+        """One completed throughput window ``[start, end)`` with its mean TFLOP/s
+        (``filled``: a later step's, which spans it: the baseline has it once)."""
         cfg = self.cfg
         tp = job.throughput
         base = tp.baseline
@@ -991,7 +992,8 @@ class Pipeline:
         transition = tp.rule.update(effect, start, degraded)
         trouble = self._comm_trouble(job)
         if transition is None and not tp.rule.firing and not trouble:
-            tp.unlearned = learn_or_hold(base, tp.unlearned, value, degraded)
+            if not filled:
+                tp.unlearned = learn_or_hold(base, tp.unlearned, value, degraded)
         else:
             tp.unlearned = []
         tinc = job.find("throughput_drop", "")

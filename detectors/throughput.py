@@ -4,8 +4,11 @@ Throughput records arrive per step, from one reporter (``rank == -1``) or from s
 ranks; the ranks' reports of one step are averaged. A step is complete when a job-level
 record arrives or when a later step shows up. Completed steps are averaged per window
 (the comm windows' length), so "sustained for N windows" means the same stream time for
-throughput as for bus bandwidth whether a step takes 80 ms or 10 s (a window without a
-step is skipped). The window series feeds:
+throughput as for bus bandwidth whether a step takes 80 ms or 10 s: a step (or a
+trainer's log line over several steps) reports the time since the one before it, so the
+windows it spans without a step of their own take its value (marked *filled*: the rules
+count them, the baseline learns the value once), up to ``MAX_FILL_WINDOWS`` (a longer
+gap is a pause, not a rate). The window series feeds:
 
 - a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth:
   the pipeline holds degraded steps back and never feeds it a sustained drop);
@@ -28,6 +31,7 @@ from .sustained import SustainedRule
 
 HISTORY_STEPS = 1024
 BEFORE_NS = 60 * 10**9  # how far back "the baseline before it" looks
+MAX_FILL_WINDOWS = 60  # empty windows a step's value may span (a longer gap: a pause)
 
 
 def _baseline_params(cfg: DetectorConfig) -> dict[str, Any]:
@@ -87,17 +91,28 @@ class ThroughputTracker:
             out.append(self._complete())
         return out
 
-    def windows(self, steps: list[tuple[int, float]], window_ns: int) -> list[tuple[int, float]]:
-        """Average completed steps per window; return completed windows ``(end_ns, mean)``.
+    def windows(self, steps: list[tuple[int, float]], window_ns: int) -> list[tuple[int, float, bool]]:
+        """Average completed steps per window; return completed windows
+        ``(end_ns, mean, filled)``.
 
-        A window completes when a step of a later window arrives.
+        A window completes when a step of a later window arrives; the windows between
+        that step's and the last one with a step are *filled* with its value (it reports
+        their time), unless there are more than ``MAX_FILL_WINDOWS`` of them.
+
+        >>> from ncclwatch.config import DetectorConfig
+        >>> tp = ThroughputTracker(DetectorConfig())
+        >>> tp.windows([(500, 10.0), (3_500, 8.0), (3_900, 6.0), (4_200, 9.0)], 1_000)
+        [(1000, 10.0, False), (2000, 8.0, True), (3000, 8.0, True), (4000, 7.0, False)]
         """
         out = []
         for ts, value in steps:
             start = ts - ts % window_ns
             if start > self.win_start:
                 if self.win_n:
-                    out.append((self.win_start + window_ns, self.win_sum / self.win_n))
+                    out.append((self.win_start + window_ns, self.win_sum / self.win_n, False))
+                    gap = (start - self.win_start) // window_ns - 1
+                    if 0 < gap <= MAX_FILL_WINDOWS:
+                        out.extend((self.win_start + (i + 2) * window_ns, value, True) for i in range(gap))
                 self.win_start, self.win_sum, self.win_n = start, 0.0, 0
             elif start < self.win_start:
                 continue  # a step from an already closed window

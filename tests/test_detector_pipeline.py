@@ -262,6 +262,28 @@ def test_a_slow_start_does_not_make_the_throughput_baseline_deaf_to_a_small_drop
     assert 30 <= s(events[0].start_ns) <= 31
 
 
+def test_steps_longer_than_a_window_count_for_every_window_they_span():
+    # One step every 3 s (a trainer's log line, or a long step): a 20 % drop from t=30
+    # is sustained after the same stream time as with a step per window, not after
+    # three steps (9 s); the baseline learns each step once (no false alert before).
+    def found_at(every):
+        p = Pipeline(CFG)
+        events = feed(p, range(80), lambda t: [*two_ranks(lambda t: 40.0)(t)] + (
+            [tp(t, 250.0 if 30 <= t < 60 else 310.0)] if t % every == every - 1 else []))
+        assert [(e.type, e.state) for e in events] == [
+            ("throughput_drop", "firing"), ("throughput_drop", "resolved")], events
+        return s(events[0].detected_ns)
+    assert found_at(3) <= found_at(1) + 2
+
+
+def test_a_pause_longer_than_the_fill_limit_is_not_a_sustained_drop():
+    # A step that took 90 s (a checkpoint, say) reports one low value: not 90 windows of it.
+    p = Pipeline(CFG)
+    events = feed(p, range(160), lambda t: [*two_ranks(lambda t: 40.0)(t)] + (
+        [] if 40 <= t < 130 else [tp(t, 3.0 if t == 130 else 310.0)]))
+    assert [e for e in events if e.type == "throughput_drop"] == []
+
+
 def slowed_job(link_share_rises: bool):
     """Every rank 1.3x slower from t=20 to 40: the network keys' bus bandwidth and the
     job's TFLOP/s both fall by 1/1.3. With ``link_share_rises`` the steps keep their

@@ -203,3 +203,16 @@ def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])
     assert {e[2] for e in worker} == {"network_path", "straggler", "throughput_drop"}
+
+
+def test_a_job_that_logs_its_throughput_every_2_s_is_found_slowing_in_stream_time():
+    """The every-rank slowdowns replayed as if the trainer logged once per 2 s
+    (``eval_gpu_runs.coarser_throughput``): a log line's value spans the windows since the
+    last one, so the drop is found 6-9 s in, where three log lines took 10-13 s."""
+    runs = ["p4-slow-all-1.3x", "i4n4-slow-all-1.3x"]
+    got = eval_gpu_runs.evaluate([FIXTURES / f"{n}.tar.gz" for n in runs], load(None, environ={}),
+                                 10.0, log_interval_s=2.0)
+    table = eval_gpu_runs.markdown(got)
+    for r in got:
+        assert r["got"] == "throughput_drop" and r["false_alerts"] == [], table
+        assert r["delay_s"] <= 9.0, table

@@ -26,6 +26,10 @@ JSON logs plus the per-rank Megatron-format training logs), through
 ``NCCLWATCH_TIMING_SAMPLE=N`` (see ``sampled_like_plugin``): the recorded GPU timings of the
 ops the sampler would not have timed are dropped (``timing: sampled_out``), to see whether
 detection, delay and attribution hold on what sampled timing leaves.
+
+``--emulate-log-interval-s S`` replays every run as if the job's throughput had been
+reported once per ``S`` seconds (see ``coarser_throughput``), as a trainer that logs every
+few steps, or whose steps take seconds, reports it.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from ncclwatch.detectors.incidents import SEVERITY_RANK
 from ncclwatch.ingest.recording import Options, ReadStats, read_recording
 
 from ncclwatch import config
-from ncclwatch.records import OpRecord
+from ncclwatch.records import OpRecord, ThroughputRecord
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_runs" / "2026-11-23"
 GATE = 0.05
@@ -132,6 +136,48 @@ def sampled_like_plugin(records: list[Any], n: int, key_ms: int = 200) -> list[A
             nxt = now - st["last"].get(pred, -(1 << 62)) >= key_ms * 1_000_000
         st["timed"] = nxt and now >= st["busy_until"]
     return out
+
+
+def coarser_throughput(records: list[Any], every_s: float) -> list[Any]:
+    """The records as a trainer logging once per ``every_s`` seconds would have left them.
+
+    Per reporter (job, host, rank), the throughput records of each interval of the clock
+    become one, at the interval's last step, with the TFLOP/s Megatron prints for a log
+    interval (work over elapsed time: the harmonic mean of the steps', each step the same
+    work). Every other record is left as it is, in its place.
+
+    >>> recs = [ThroughputRecord(job="j", host="h", rank=0, ts_ns=t * 10**9, step=t,
+    ...         tflops_per_gpu=v, tokens_per_s=None, source="api")
+    ...         for t, v in ((0, 100.0), (1, 50.0), (2, 100.0), (3, 100.0), (4, 80.0))]
+    >>> [(r.step, round(r.tflops_per_gpu, 1)) for r in coarser_throughput(recs, 2.0)]
+    [(1, 66.7), (3, 100.0), (4, 80.0)]
+    """
+    every_ns = int(every_s * 1e9)
+    out: list[Any] = []
+    held: dict[tuple, tuple[int, int, list[float]]] = {}  # reporter -> (interval, slot, TFLOP/s)
+
+    def close(slot: int, values: list[float]) -> None:
+        out[slot] = dataclasses.replace(out[slot], tflops_per_gpu=len(values) / sum(
+            1.0 / max(v, 1e-9) for v in values))
+
+    for r in records:
+        if not isinstance(r, ThroughputRecord):
+            out.append(r)
+            continue
+        who, interval = (r.job, r.host, r.rank), r.ts_ns // every_ns
+        prev = held.get(who)
+        if prev is not None and prev[0] != interval:
+            close(prev[1], prev[2])
+            prev = None
+        values = prev[2] if prev is not None else []
+        if prev is not None:
+            out[prev[1]] = None  # the interval's record moves to its latest step
+        values.append(r.tflops_per_gpu)
+        held[who] = (interval, len(out), values)
+        out.append(r)
+    for _, slot, values in held.values():  # the last interval of each: what it has
+        close(slot, values)
+    return [r for r in out if r is not None]
 
 
 def incidents(events: list[Any]) -> dict[str, dict[str, Any]]:
@@ -237,7 +283,8 @@ def unpacked(p: Path, tmp: Path) -> Path:
 
 def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
              detect: Callable[[Any, list], list] | None = None,
-             emulate_sampling: int = 1, emulate_key_ms: int = 200) -> list[dict[str, Any]]:
+             emulate_sampling: int = 1, emulate_key_ms: int = 200,
+             log_interval_s: float = 0.0) -> list[dict[str, Any]]:
     detect = detect or (lambda c, recs: watch.detect(c, recs))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,6 +294,8 @@ def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
             records = read_recording(srcs, ReadStats(), options)
             if emulate_sampling > 1:
                 records = sampled_like_plugin(list(records), emulate_sampling, emulate_key_ms)
+            if log_interval_s > 0:
+                records = coarser_throughput(list(records), log_interval_s)
             rows.append(judge(run, detect(cfg, records), max_delay_s))
     return rows
 
@@ -276,10 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="replay plugin runs as if recorded with NCCLWATCH_TIMING_SAMPLE=N")
     ap.add_argument("--emulate-key-ms", type=int, default=200, metavar="MS",
                     help="... and NCCLWATCH_TIMING_KEY_MS=MS")
+    ap.add_argument("--emulate-log-interval-s", type=float, default=0.0, metavar="S",
+                    help="replay runs as if throughput had been reported once per S seconds")
     args = ap.parse_args(argv)
     cfg = config.load(None)
     rows = evaluate(run_dirs(args.paths, args.split), cfg, args.max_delay_s,
-                    emulate_sampling=args.emulate_sampling, emulate_key_ms=args.emulate_key_ms)
+                    emulate_sampling=args.emulate_sampling, emulate_key_ms=args.emulate_key_ms,
+                    log_interval_s=args.emulate_log_interval_s)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1, default=str))
