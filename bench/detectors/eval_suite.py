@@ -250,7 +250,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
+    for half, heading in (("heldout_8", "Tenth batch, steps longer than a window (judged once by 78f6cea: 2 of 4)"),
+                          ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
                           ("heldout_6", "Eighth batch, held out (other job shapes; judged once by 5f02617: 9 of 9)"),
                           ("heldout_5", "Seventh batch, held out (judged once by 039fe0e: 9 of 9)"),
                           ("heldout_4", "Sixth batch, held out (judged once by 3b0fb9d: 9 of 9)"),
@@ -263,8 +264,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """73 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,r}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """77 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,s}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -311,7 +312,14 @@ throttles of 24–40 Gbit/s, proxy starvation, stragglers of 1.2× and 1.3×, ev
 traffic, pulses, faults from 22 s for 15 s), judged once by 0bd73fc: 7 of 9 (a 7 % loss
 of a communication-bound job whose TFLOP/s moves ±10 % a second, not raised; one-way
 NVLink copies making one rank late on one of two NVLink keys, raised as a straggler
-where the label says `throughput_drop`). 68 of the 73 right.
+where the label says `throughput_drop`). A tenth (plan `s`: 4 runs whose steps take
+~1–1.3 s, so one window in three or four has no step and no op of a key), recorded after
+the throughput change of 5278c02 and judged once by 78f6cea: 2 of 4 (the code before: 1 of
+4; every rank 1.3× through Inspector found 4.0 s in, 5.3 s before). Both misses are
+stragglers: a 1.3× one on GPU 2 named as its node peer, and only after the fault (GPU 2
+arrived last in its NVLink communicator by far already before it: the job's compute
+order), and one raised on a run where every rank slowed, which then carried the drop.
+70 of the 77 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
