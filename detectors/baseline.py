@@ -34,6 +34,10 @@ from typing import Any
 
 from river import base
 
+# Values of its own a warm-up needs however many windows they stood for (``span_warmup``):
+# three give two successive differences and a median that one start-up value cannot move.
+MIN_WARM_VALUES = 3
+
 
 class EWMeanVar(base.Base):
     """Exponentially weighted mean and variance, as river's ``EWMean`` and ``EWVar``.
@@ -162,6 +166,7 @@ class RatioBaseline(base.Base):
 
     def _reset(self) -> None:
         self._warm: list[float] = []  # log observations while warming up
+        self._warm_spanned = 0  # observations counted by `span_warmup`, not learned
         self._stats = EWMeanVar(self.fading_factor)  # of log observations, once warm
         # Noise: EW mean of half the squared difference of successive learned logs. A
         # slow drift barely moves successive differences, while it inflates the spread
@@ -226,8 +231,7 @@ class RatioBaseline(base.Base):
         stats = self._stats
         if stats.n == 0:
             self._warm.append(lx)
-            if len(self._warm) >= self.warmup:
-                self._finish_warmup()
+            self._maybe_finish_warmup()
             return
         resid = lx - stats.mean
         if self.protect is not None and 1.0 - math.exp(resid) >= self.protect:
@@ -247,6 +251,28 @@ class RatioBaseline(base.Base):
         if level:
             limit = self.clip_sigmas * sigma
             stats.update(stats.mean + min(max(resid, -limit), limit), a)
+
+    def span_warmup(self, n: int = 1) -> None:
+        """Count ``n`` more observations towards the warm-up without learning a value: the
+        last one learned stood for them too (a log line that reports several windows).
+
+        The warm-up still needs ``MIN_WARM_VALUES`` values of its own, for a noise estimate.
+
+        >>> b = RatioBaseline(warmup=10)
+        >>> for v in (100.0, 101.0, 99.0):
+        ...     b.learn_one(v)
+        ...     b.span_warmup(4)              # each value reported five windows
+        >>> b.warm, round(b.baseline)
+        (True, 100)
+        """
+        if self._stats.n == 0 and n > 0:
+            self._warm_spanned += n
+            self._maybe_finish_warmup()
+
+    def _maybe_finish_warmup(self) -> None:
+        if len(self._warm) >= min(MIN_WARM_VALUES, self.warmup) and \
+                len(self._warm) + self._warm_spanned >= self.warmup:
+            self._finish_warmup()
 
     def _finish_warmup(self) -> None:
         order = self._warm
@@ -283,12 +309,14 @@ class RatioBaseline(base.Base):
         self._noise_var = max((1.4826 * mad) ** 2, diff_var, spread_var)
         self._prev = order[-1]
         self._warm = []
+        self._warm_spanned = 0
 
     # --- persistence --------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         return {
             "warm": list(self._warm),
+            "warm_spanned": self._warm_spanned,
             "stats": self._stats.to_state(),
             "noise_var": self._noise_var,
             "prev": self._prev,
@@ -300,6 +328,7 @@ class RatioBaseline(base.Base):
     def from_state(cls, state: dict[str, Any], **params: Any) -> RatioBaseline:
         obj = cls(**params)
         obj._warm = list(state["warm"])
+        obj._warm_spanned = state.get("warm_spanned", 0)  # absent in states saved before it
         obj._stats.load_state(state["stats"])
         obj._noise_var = state["noise_var"]
         obj._prev = state["prev"]

@@ -995,6 +995,8 @@ class Pipeline:
         if transition is None and not tp.rule.firing and not trouble:
             if not filled:
                 tp.unlearned = learn_or_hold(base, tp.unlearned, value, degraded)
+            elif not base.warm:
+                base.span_warmup()  # a line over several windows warms up for their time
         else:
             tp.unlearned = []
         tinc = job.find("throughput_drop", "")
@@ -1002,7 +1004,14 @@ class Pipeline:
             tinc.add_window(effect, None, None, False)
         if transition == FIRE:
             tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else start
-            tp.fire_ts = end
+            tp.fire_ts, tp.fire_wait_ns = end, 0
+            if filled:
+                # A line's mean over several windows, whose loss may lie in its last
+                # second: NCCL is judged on the windows up to the line, and its keys get
+                # the windows they need to call a fault that began there sustained.
+                w = end - start
+                tp.fire_ts = max(end, tp.win_start + w)
+                tp.fire_wait_ns = self.cfg.sustain_windows * w
         elif transition == RESOLVE:
             job.tp_suppressed = False
             tp.pending_fire = None
@@ -1040,7 +1049,7 @@ class Pipeline:
         now = job.watermark
         # The comm keys get a few windows more to show theirs: a straggler's spread, say,
         # may need a window more than the steps.
-        grace = self.cfg.throughput_grace_windows * (job.window_ns or DEFAULT_WINDOW_NS)
+        grace = max(self.cfg.throughput_grace_windows * (job.window_ns or DEFAULT_WINDOW_NS), tp.fire_wait_ns)
         ready = (
             not job.keys
             or tp.ts_ns - now > self._timeout_ns

@@ -52,7 +52,7 @@ class ThroughputTracker:
 
     __slots__ = (
         "cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last", "unlearned",
-        "pending_fire", "fire_ts", "win_start", "win_sum", "win_n", "clear", "clear_start",
+        "pending_fire", "fire_ts", "fire_wait_ns", "win_start", "win_sum", "win_n", "clear", "clear_start",
     )
 
     def __init__(self, cfg: DetectorConfig):
@@ -68,6 +68,7 @@ class ThroughputTracker:
         self.unlearned: list[float] = []  # a degraded streak held back from the baseline
         self.pending_fire: int | None = None  # start of a drop waiting for its windows
         self.fire_ts = 0  # the end of the window that completed it
+        self.fire_wait_ns = 0  # how long past it the comm keys get to show theirs
         # After a comm anomaly carried a drop: degraded windows since NCCL is healthy again
         self.clear = 0
         self.clear_start = 0
@@ -159,6 +160,7 @@ class ThroughputTracker:
             "unlearned": list(self.unlearned),
             "pending_fire": self.pending_fire,
             "fire_ts": self.fire_ts,
+            "fire_wait_ns": self.fire_wait_ns,
             "win": [self.win_start, self.win_sum, self.win_n],
             "clear": [self.clear, self.clear_start],
         }
@@ -174,6 +176,7 @@ class ThroughputTracker:
         obj.unlearned = list(state["unlearned"])
         obj.pending_fire = state["pending_fire"]
         obj.fire_ts = state["fire_ts"]
+        obj.fire_wait_ns = state.get("fire_wait_ns", 0)  # absent in states saved before it
         obj.win_start, obj.win_sum, obj.win_n = state["win"]
         obj.clear, obj.clear_start = state["clear"]
         return obj

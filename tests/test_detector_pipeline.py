@@ -276,6 +276,39 @@ def test_steps_longer_than_a_window_count_for_every_window_they_span():
     assert found_at(3) <= found_at(1) + 2
 
 
+def logged_every_5_s(level_at):
+    """A job whose trainer logs once per 5 s: the line at t reports the mean over
+    (t - 5, t] of ``level_at``, as Megatron's TFLOP/s over its log interval."""
+    def line(t):
+        if t % 5 != 4:
+            return []
+        return [tp(t, 5 / sum(1 / level_at(u) for u in range(t - 4, t + 1)))]
+    return line
+
+
+def test_a_job_logging_every_5_s_has_a_baseline_after_the_warmup_s_time_not_its_lines():
+    # Ten windows of warm-up at one line per 5 s were 50 s of job: a drop at 30 s went
+    # into the warm-up and was never found. Each line counts for the windows it spans.
+    rnd = random.Random(5)
+    noise = {t: rnd.uniform(0.995, 1.005) for t in range(-5, 100)}
+    line = logged_every_5_s(lambda t: (260.0 if 30 <= t < 60 else 310.0) * noise[t])
+    events = feed(Pipeline(DetectorConfig()), range(100),
+                  lambda t: [*two_ranks(lambda t: 40.0)(t), *line(t)])
+    assert [(e.type, e.state) for e in events] == [
+        ("throughput_drop", "firing"), ("throughput_drop", "resolved")], events
+    assert s(events[0].detected_ns) <= 40
+
+
+def test_a_log_line_whose_loss_began_in_its_last_second_waits_for_nccl_to_show_it():
+    # The network slows 4x from t=74; the line at t=74 spans 70-74 and is 15 % down from
+    # that one second alone. Its windows 70-73 look degraded with NCCL healthy, but the
+    # loss is the network's: one network_path incident, no "not NCCL" drop.
+    line = logged_every_5_s(lambda t: 78.0 if t >= 74 else 310.0)
+    events = feed(Pipeline(DetectorConfig()), range(100), lambda t: [
+        *job_keys(t, 10.0 if t >= 74 else 40.0, 100.0, 10.0 if t >= 74 else 40.0), *line(t)])
+    assert [(e.type, e.state) for e in events] == [("network_path", "firing")], events
+
+
 def test_a_pause_longer_than_the_fill_limit_is_not_a_sustained_drop():
     # A step that took 90 s (a checkpoint, say) reports one low value: not 90 windows of it.
     p = Pipeline(CFG)
