@@ -16,8 +16,12 @@ Everything ``ncclwatch forward`` reads live can be given to the commands that re
 
 What a file is, is told from its first line, not its name: a JSON object with a
 ``kind`` is a contract record, one with ``header`` and ``metadata`` an Inspector line.
-Files that are neither are listed in :attr:`ReadStats.unrecognised`, and a source
-holding nothing recognisable is a :class:`RecordingError` that says what it found.
+A text file (``.log``, ``.out``, ``.err``, ``.txt``, gzipped or not) with a Megatron /
+NeMo iteration line giving the throughput in its first 64 MiB is a training log,
+wherever it lies in the recording (a Slurm ``.out`` beside Inspector's directory), and
+is read as ``--training-log`` would read it when none is given. Files that are none of
+these are listed in :attr:`ReadStats.unrecognised`, and a source holding nothing
+recognisable is a :class:`RecordingError` that says what it found.
 
 Inspector lines and training logs carry no job id; their job is, in this order, the
 one given (``--job``), the ``job`` of the run directory's ``run.json`` or
@@ -54,7 +58,7 @@ from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
 from ncclwatch.ingest.parse import parse as fast_parse
 from ncclwatch.ingest.parse import to_record
-from ncclwatch.ingest.trainlog import DEFAULT_REGEX, MegatronFlops, RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import DEFAULT_REGEX, MegatronFlops, RankMerge, ThroughputParser, is_iteration_line
 
 from ncclwatch.records import (
     Quarantined,
@@ -68,8 +72,12 @@ SPOOL, INSPECTOR = "spool", "inspector"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 # Names a spool or an Inspector dump is written under; other files in a directory are
 # not looked at (a run directory also holds NCCL debug logs, control files, plots).
-_CANDIDATE_SUFFIXES = (".jsonl", ".jsonl.gz", ".log", ".log.gz")
+_CANDIDATE_SUFFIXES = (".jsonl", ".jsonl.gz", ".log", ".log.gz", ".out", ".err", ".txt")
 _RUN_DIRS = ("spool", "inspector", "trainlogs")
+# How far into a text file an iteration line is looked for: Megatron prints its
+# arguments and model set-up first (thousands of lines), and a job's stdout may hold
+# NCCL's debug output too.
+_TRAINLOG_SCAN_BYTES = 64 << 20
 # Inspector writes per communicator per dump, so its ops reach a file out of time order
 # by up to a dump interval: their windows wait this long (in stream time) for stragglers.
 INSPECTOR_LATENESS_S = 10.0
@@ -236,6 +244,23 @@ def file_kind(path: Path) -> str | None:
     return SPOOL if spool_name else None
 
 
+def is_training_log(path: Path, limit: int = _TRAINLOG_SCAN_BYTES) -> bool:
+    """A text file with a Megatron / NeMo iteration line giving the job's throughput in
+    its first ``limit`` bytes (a Slurm ``.out``, a rank's ``.log``, gzipped or not)."""
+    try:
+        with _open_bytes(path) as f:
+            seen = 0
+            for raw in f:
+                if is_iteration_line(raw):
+                    return True
+                seen += len(raw)
+                if seen >= limit:
+                    return False
+    except (OSError, EOFError):
+        return False
+    return False
+
+
 def _candidates(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(_CANDIDATE_SUFFIXES))
 
@@ -261,10 +286,13 @@ def find_sources(root: Path, stats: ReadStats) -> Sources:
         # only its spool/ and inspector/ are records.
         dirs = [run / d for d in ("spool", "inspector") if (run / d).is_dir()]
         files = [f for d in dirs for f in _candidates(d)]
-        trainlogs = tuple(sorted((run / "trainlogs").glob("*.log"))) if (run / "trainlogs").is_dir() else ()
+        trainlogs = sorted((run / "trainlogs").glob("*.log")) if (run / "trainlogs").is_dir() else []
+        # Training logs kept elsewhere in it (a Slurm .out beside the records, say)
+        trainlogs += [f for f in _candidates(run)
+                      if f.relative_to(run).parts[0] not in _RUN_DIRS and is_training_log(f)]
     else:
         files = [root] if root.is_file() else _candidates(root)
-        trainlogs = ()
+        trainlogs = []
     spool, insp = [], []
     for f in files:
         kind = file_kind(f)
@@ -272,9 +300,11 @@ def find_sources(root: Path, stats: ReadStats) -> Sources:
             spool.append(f)
         elif kind == INSPECTOR:
             insp.append(f)
+        elif run is None and is_training_log(f):
+            trainlogs.append(f)  # a Megatron log in the tree: the job's throughput
         elif f.stat().st_size > 0:
             stats.unrecognised.append(str(f))
-    return Sources(tuple(spool), tuple(insp), trainlogs, run, _run_job(run) if run else "")
+    return Sources(tuple(spool), tuple(insp), tuple(trainlogs), run, _run_job(run) if run else "")
 
 
 # --- reading -----------------------------------------------------------------------------

@@ -51,6 +51,9 @@ DEFAULT_REGEX = IngestConfig.throughput_regex
 _STEP = re.compile(r"\biteration\s+(\d+)")
 _ELAPSED_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
+# Megatron's (and NeMo's) iteration line, with a figure the default pattern reads
+_ITERATION_LINE = re.compile(
+    rb"\biteration\s+\d+\s*/\s*\d+\s*\|.*(?:throughput per GPU|elapsed time per iteration)")
 # Megatron's ``print_args``: "  hidden_size ........ 4096", after a launcher's rank tag if any
 _ARG = re.compile(r"^(?:\[[^\]]*\]:|\d+:)?\s*([a-z_][a-z0-9_]*) \.{2,} (\S+)\s*$")
 _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
@@ -65,6 +68,18 @@ _STAMP = re.compile(
     r"(?:[.,](?P<frac>\d{1,9}))?\s?(?P<tz>Z|[+-]\d\d:?\d\d)?(?![\d])"
 )
 _STAMP_WITHIN = 32
+
+
+def is_iteration_line(raw: bytes) -> bool:
+    """A Megatron / NeMo iteration line that gives the job's throughput (bytes as read).
+
+    >>> is_iteration_line(b" [2026-11-22 03:25:28] iteration      120/    5000 | consumed samples: "
+    ...                   b"61440 | elapsed time per iteration (ms): 812.3 | learning rate: 3.0E-04 |")
+    True
+    >>> is_iteration_line(b"NCCL INFO iteration 3/10 | comm 0x55 rank 0 nRanks 8")
+    False
+    """
+    return b"iteration" in raw and _ITERATION_LINE.search(raw) is not None
 
 
 def zone(name: str) -> tzinfo | None:
