@@ -49,7 +49,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,14 @@ from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
 from ncclwatch.ingest.parse import parse as fast_parse
 from ncclwatch.ingest.parse import to_record
-from ncclwatch.ingest.trainlog import DEFAULT_REGEX, MegatronFlops, RankMerge, ThroughputParser, is_iteration_line
+from ncclwatch.ingest.trainlog import (
+    DEFAULT_REGEX,
+    MegatronFlops,
+    RankMerge,
+    ThroughputParser,
+    is_iteration_line,
+    zone_shift_ns,
+)
 
 from ncclwatch.records import (
     Quarantined,
@@ -135,6 +142,7 @@ class ReadStats:
     skipped: dict[str, int] = field(default_factory=dict)  # lines that are no record, by what
     unrecognised: list[str] = field(default_factory=list)  # files of neither kind
     untimed_throughput: int = 0  # training-log lines without a timestamp (stamped at read)
+    trainlog_shift_ns: int = 0  # added to naive training-log times to meet the ops (zone_shift_ns)
     late_throughput: int = 0  # a rank's report of an iteration already merged
 
     def quarantine(self, q: Quarantined) -> None:
@@ -150,10 +158,17 @@ class ReadStats:
         if self.unrecognised:
             shown = ", ".join(self.unrecognised[:5])
             more = f" and {len(self.unrecognised) - 5} more" if len(self.unrecognised) > 5 else ""
-            out.append(f"not recognised (neither spool records nor Inspector JSON): {shown}{more}")
+            out.append(f"not recognised (neither spool records, Inspector JSON nor a training log): {shown}{more}")
         if self.untimed_throughput:
             out.append(
                 f"{self.untimed_throughput} training-log line(s) had no timestamp: stamped with the time they were read"
+            )
+        if self.trainlog_shift_ns:
+            h, rest = divmod(abs(self.trainlog_shift_ns) // 60_000_000_000, 60)
+            sign = "-" if self.trainlog_shift_ns < 0 else "+"
+            out.append(
+                f"the training log's timestamps carry no zone and were hours from the ops: moved {sign}{h}:{rest:02d} "
+                "onto them (set ingest.trainlog_timezone to the zone they were written in)"
             )
         if self.late_throughput:
             out.append(
@@ -400,9 +415,16 @@ _ARGUMENT_LINES = 5000  # Megatron prints its arguments within a log's first lin
 
 
 def read_training_logs(
-    paths: Iterable[Path], *, job: str, options: Options, stats: ReadStats, host: str = ""
+    paths: Iterable[Path], *, job: str, options: Options, stats: ReadStats, host: str = "",
+    ops_span: tuple[int, int] | None = None,
 ) -> list[ThroughputRecord]:
-    """One job throughput series from per-rank logs (:class:`RankMerge`, read whole)."""
+    """One job throughput series from per-rank logs (:class:`RankMerge`, read whole).
+
+    With ``ops_span`` (the first and last time of the recording's ops) and the default
+    zone (``local``: the reader's, a guess when replaying), naive timestamps that land
+    hours from the ops are moved by the zone offset that lays them over them
+    (:func:`~ncclwatch.ingest.trainlog.zone_shift_ns`; ``stats.trainlog_shift_ns``).
+    """
     merge = RankMerge(hold_s=None)  # the files are whole: every rank's report is there
     megatron = MegatronFlops()  # the arguments rank 0 printed serve every rank's log
     paths = list(paths)
@@ -413,6 +435,7 @@ def read_training_logs(
             for _, raw in zip(range(_ARGUMENT_LINES), f, strict=False):
                 megatron.read(raw.decode("utf-8", errors="replace"))
     read_ns = time.time_ns()
+    naive_only = True
     for path in paths:
         parser = ThroughputParser(
             job=job, host=host or path.stem, regex=options.throughput_regex, timezone=options.timezone,
@@ -424,9 +447,15 @@ def read_training_logs(
                 if rec is not None:
                     merge.add(str(path), rec)
         stats.untimed_throughput += parser.untimed
+        naive_only &= parser.clock.aware == 0 and parser.untimed == 0
         stats.files["training_log"] = stats.files.get("training_log", 0) + 1
     out = merge.flush()
     stats.late_throughput += merge.late
+    if ops_span is not None and out and naive_only and options.timezone == "local":
+        shift = zone_shift_ns((min(r.ts_ns for r in out), max(r.ts_ns for r in out)), ops_span)
+        if shift:
+            stats.trainlog_shift_ns = shift
+            out = [replace(r, ts_ns=r.ts_ns + shift) for r in out]
     return out
 
 
@@ -470,6 +499,10 @@ def _records_of(
     options = options or Options()
     spool_jobs: set[str] = set()
     has_throughput = False
+    # The recording's time, from each file's first and last record (about in time
+    # order within a file): where its training logs' steps must land.
+    span: tuple[int, int] | None = None
+    first = last = None
     for _, src in found:
         for f in src.spool:
             stats.files[SPOOL] = stats.files.get(SPOOL, 0) + 1
@@ -486,7 +519,12 @@ def _records_of(
                         spool_jobs.add(getattr(rec, "job", ""))
                         has_throughput |= rec.KIND == "throughput"
                         yield source, offset, raw, rec
+                        if first is None:
+                            first = rec
+                        last = rec
                     offset += len(raw) + 1
+            span = _widen(span, first, last)
+            first = last = None
     if on_spool_file is not None:
         on_spool_file(None)
     jobs = set(spool_jobs)  # the jobs the training logs may be of
@@ -495,7 +533,13 @@ def _records_of(
             stats.files[INSPECTOR] = stats.files.get(INSPECTOR, 0) + 1
             job = options.job or src.job or inspector_job(f) or _only(spool_jobs) or "unknown"
             jobs.add(job)
-            yield from _inspector_records(f, job, stats)
+            for item in _inspector_records(f, job, stats):
+                yield item
+                if first is None:
+                    first = item[3]
+                last = item[3]
+            span = _widen(span, first, last)
+            first = last = None
     logs = expand_globs(options.training_logs)
     if not logs and not has_throughput:
         # a run directory's per-rank logs, when the job did not report its throughput
@@ -507,8 +551,16 @@ def _records_of(
             raise RecordingError(
                 f"the recording holds jobs {sorted(jobs)}: give --job to say which one the training logs are of"
             )
-        for i, rec in enumerate(read_training_logs(logs, job=job or "unknown", options=options, stats=stats)):
+        for i, rec in enumerate(read_training_logs(logs, job=job or "unknown", options=options, stats=stats,
+                                                   ops_span=span)):
             yield str(logs[0]), i, to_json(rec).encode(), rec
+
+
+def _widen(span: tuple[int, int] | None, first: Any, last: Any) -> tuple[int, int] | None:
+    if first is None:
+        return span
+    a, b = sorted((record_time_ns(first), record_time_ns(last)))
+    return (a, b) if span is None else (min(span[0], a), max(span[1], b))
 
 
 def _only(jobs: set[str]) -> str:

@@ -102,6 +102,40 @@ def zone(name: str) -> tzinfo | None:
         raise ValueError(f"trainlog_timezone {name!r}: not 'local', 'UTC' or an IANA zone name") from None
 
 
+ZONE_STEP_NS = 15 * 60 * 10**9  # every zone's offset is a multiple of a quarter hour
+MAX_ZONE_NS = 14 * 3600 * 10**9
+
+
+def zone_shift_ns(log: tuple[int, int], ops: tuple[int, int]) -> int:
+    """The shift of a log's naive timestamps that lays its span ``log`` over the ops'
+    ``ops`` (both ``(first, last)`` ns): 0 when they overlap already, else the zone
+    offset (a quarter-hour multiple within ±14 h) with the most overlap, 0 if none has.
+
+    A recording replayed in another zone than the one its training log was written in
+    reads the log's naive times hours away from the ops of the same steps.
+
+    >>> h = 3600 * 10**9
+    >>> zone_shift_ns((10 * h, 10 * h + 60 * 10**9), (10 * h + 5, 11 * h))   # overlap: as read
+    0
+    >>> zone_shift_ns((15 * h + h // 2, 15 * h + h // 2 + 60 * 10**9), (10 * h, 10 * h + 90 * 10**9)) / h
+    -5.5
+    >>> zone_shift_ns((40 * h, 40 * h + 60), (10 * h, 10 * h + 60))   # a day away: not a zone
+    0
+    """
+    def overlap(shift: int) -> int:
+        return min(log[1] + shift, ops[1]) - max(log[0] + shift, ops[0])
+
+    if overlap(0) >= 0:
+        return 0
+    best, best_overlap = 0, 0
+    for k in range(-(MAX_ZONE_NS // ZONE_STEP_NS), MAX_ZONE_NS // ZONE_STEP_NS + 1):
+        shift = k * ZONE_STEP_NS
+        o = overlap(shift)
+        if o > best_overlap or (o == best_overlap and o > 0 and abs(shift) < abs(best)):
+            best, best_overlap = shift, o
+    return best
+
+
 class LineClock:
     """The timestamp a log line starts with, as ns since the epoch (None if it has none).
 
@@ -131,6 +165,8 @@ class LineClock:
     def __init__(self, timezone: str = "local"):
         self.timezone = timezone
         self._zone = zone(timezone)
+        self.naive = 0  # timestamps read without an offset of their own
+        self.aware = 0  # ... and with one
 
     def time_ns(self, line: str) -> int | None:
         m = _STAMP.search(line, 0, _STAMP_WITHIN + 40)
@@ -143,14 +179,17 @@ class LineClock:
             return None  # 2026-13-45: not a date
         tz = g("tz")
         if tz:
+            self.aware += 1
             if tz == "Z":
                 dt = dt.replace(tzinfo=UTC)
             else:
                 sign = -1 if tz[0] == "-" else 1
                 hh, mm = int(tz[1:3]), int(tz[-2:])
                 dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
-        elif self._zone is not None:
-            dt = dt.replace(tzinfo=self._zone)
+        else:
+            self.naive += 1
+            if self._zone is not None:
+                dt = dt.replace(tzinfo=self._zone)
         # A naive datetime's timestamp() is the local zone's, which is what "local" means.
         frac = g("frac") or ""
         return int(dt.timestamp()) * 10**9 + int((frac + "000000000")[:9])
@@ -270,6 +309,7 @@ class ThroughputParser:
         self._clock = LineClock(timezone)
         self._next_step = 0
         self.untimed = 0  # records stamped with the read time: their line had no timestamp
+        self.clock = self._clock  # its counts of naive and zoned timestamps
         self.computed = 0  # records whose TFLOP/s were computed from the iteration time
 
     def parse(self, line: str, read_ns: int) -> ThroughputRecord | None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import gzip
 import shutil
 import tarfile
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from ncclwatch.detectors import watch
 from ncclwatch.ingest.recording import Options, ReadStats, RecordingError, find_sources, read_recording
+from ncclwatch.ingest.trainlog import LineClock
 
 from ncclwatch.config import load
 from ncclwatch.records import ThroughputRecord
@@ -80,3 +82,35 @@ def test_a_training_log_alone_is_a_throughput_only_recording_and_other_text_is_n
     other.write_text("iteration 3 of the plan: nothing to see\n")
     with pytest.raises(RecordingError, match="not recognised"):
         list(read_recording([str(other)], ReadStats(), Options()))
+
+
+def shifted_log(src: Path, dst: Path, shift_ns: int) -> None:
+    """``src`` as if written by a process whose clock's zone was ``shift_ns`` ahead."""
+    clock = LineClock("local")
+    with open(src) as f, open(dst, "w") as g:
+        for line in f:
+            ns = clock.time_ns(line)
+            if ns is not None and line.startswith("["):
+                stamp = datetime.fromtimestamp((ns + shift_ns) / 1e9).strftime("%Y-%m-%d %H:%M:%S.%f")
+                line = f"[{stamp}]{line.split(']', 1)[1]}"
+            g.write(line)
+
+
+def test_a_log_written_in_another_zone_is_laid_over_the_ops_and_said_so(recorded, tmp_path):
+    # Written in UTC+5:30 and replayed here: its naive times read 5.5 h from the ops.
+    zoned, plain = tmp_path / "zoned", tmp_path / "plain"
+    shutil.copytree(recorded / "inspector", zoned / "nccl-inspector-77")
+    shifted_log(recorded / "trainlogs" / "rank-3.log", zoned / "slurm-77.out", (5 * 3600 + 1800) * 10**9)
+    stats = ReadStats()
+    recs = list(read_recording([str(zoned)], stats, Options()))
+    assert stats.trainlog_shift_ns == -(5 * 3600 + 1800) * 10**9
+    assert any("moved -5:30" in n for n in stats.notes())
+
+    shutil.copytree(recorded / "inspector", plain / "nccl-inspector-77")
+    shutil.copy(recorded / "trainlogs" / "rank-3.log", plain / "slurm-77.out")
+    assert [(e.type, e.state, e.start_ns) for e in watch.detect(CFG, recs)] == events([plain])
+
+    # A zone given in the configuration is taken at its word.
+    stats = ReadStats()
+    list(read_recording([str(zoned)], stats, Options(timezone="UTC")))
+    assert stats.trainlog_shift_ns == 0
