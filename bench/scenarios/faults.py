@@ -15,7 +15,11 @@ between pretend nodes, is emulated the ways that machine allows:
   the same cores as the proxy threads: competing traffic on the same path.
 * ``TcShaper``: a token-bucket rate limit on that interface with ``tc`` when a ``tc``
   binary and the kernel's ``sch_tbf`` are there (they were not installed on the GPU
-  machine; one can be carried).
+  machine; one can be carried); ``RampedTc`` steps that rate down over the fault.
+* ``NetemShaper``: latency and/or packet loss on that interface (``tc`` ``netem``).
+
+``GpuHog`` is not a network fault: another process computing on one GPU, which the job's
+processes there then share.
 
 A straggler needs no injector here: the job reads ``straggler.json`` in its control
 directory (see ``train_job.py``).
@@ -238,6 +242,98 @@ class TcShaper:
                 "applied": self.applied, "error": self.error}
 
 
+@dataclass
+class NetemShaper:
+    """``netem`` on ``iface`` (``tc`` given as a command list): latency (``delay``, with an
+    optional ``jitter``) and/or packet ``loss`` on the path, not a rate limit. Needs the
+    kernel's ``sch_netem``; ``applied`` and ``error`` say whether it took."""
+
+    tc: list[str]
+    iface: str
+    delay: str = ""
+    jitter: str = ""
+    loss: str = ""
+    env: dict[str, str] | None = None
+    applied: bool = False
+    error: str = ""
+
+    def args(self) -> list[str]:
+        out = []
+        if self.delay:
+            out += ["delay", self.delay] + ([self.jitter] if self.jitter else [])
+        if self.loss:
+            out += ["loss", self.loss]
+        if not out:
+            raise ValueError("netem needs delay= and/or loss=")
+        return out
+
+    def _tc(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.tc, *args], capture_output=True, text=True, timeout=10,
+                              env=self.env)
+
+    def start(self) -> None:
+        r = self._tc("qdisc", "replace", "dev", self.iface, "root", "netem", *self.args())
+        self.applied = r.returncode == 0
+        self.error = r.stderr.strip()
+
+    def stop(self) -> None:
+        if self.applied:
+            self._tc("qdisc", "del", "dev", self.iface, "root")
+
+    def describe(self) -> dict:
+        return {"injector": "netem", "iface": self.iface, "delay": self.delay, "jitter": self.jitter,
+                "loss": self.loss, "netem_args": self.args(), "applied": self.applied,
+                "error": self.error}
+
+
+class RampedTc:
+    """A ``tbf`` rate stepped down over the fault: ``rates[0]`` from :meth:`start`, the
+    next every ``step_s``, the last until :meth:`stop` (a gradual degradation rather than
+    a step). ``steps`` are the wall-clock (start_ns, rate, applied) of each rate."""
+
+    def __init__(self, tc: list[str], iface: str, rates: list[str], step_s: float,
+                 env: dict[str, str] | None = None) -> None:
+        if not rates or step_s <= 0:
+            raise ValueError("a ramp needs rates and a step > 0 s")
+        self.tc, self.iface, self.rates, self.step_s, self.env = tc, iface, rates, step_s, env
+        self.steps: list[tuple[int, str, bool]] = []
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _tc(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.tc, *args], capture_output=True, text=True, timeout=10,
+                              env=self.env)
+
+    def _loop(self) -> None:
+        for i, rate in enumerate(self.rates):
+            if i and self._stop.wait(self.step_s):
+                return
+            t = time.time_ns()
+            r = self._tc("qdisc", "replace", "dev", self.iface, "root", "tbf", "rate", rate,
+                         "burst", "4mb", "latency", "100ms")
+            self.steps.append((t, rate, r.returncode == 0))
+            if r.returncode != 0:
+                self.error = r.stderr.strip()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="ramp", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        if any(ok for _, _, ok in self.steps):
+            self._tc("qdisc", "del", "dev", self.iface, "root")
+
+    def describe(self) -> dict:
+        return {"injector": "ramp-tc", "iface": self.iface, "rates": self.rates, "step_s": self.step_s,
+                "steps": [{"start_ns": t, "rate": r, "applied": ok} for t, r, ok in self.steps],
+                "applied": bool(self.steps) and all(ok for _, _, ok in self.steps), "error": self.error}
+
+
 class Combined:
     """Several injectors started and stopped together."""
 
@@ -349,6 +445,92 @@ class NvlinkContention:
                 "streams_per_direction": self.streams, "mib_per_copy": self.mib,
                 "both_directions": self.both, "bytes_moved_at_least": self.bytes_moved,
                 "competing_gbs_at_least": getattr(self, "gbs", None), "error": self.error}
+
+
+# The hog: a separate CUDA process running big bf16 matmuls on one GPU, as another tenant
+# sharing the GPU would (no MPS: the GPU time-slices between it and the job's process).
+# It allocates and warms up first, says "ready", and runs only after a line on stdin; with
+# duty < 1 it is busy ``duty`` of every ``period`` seconds.
+_GPU_HOG = r"""
+import sys, time, torch
+gpu, duty, period, n = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+torch.cuda.set_device(gpu)
+a = torch.randn(n, n, dtype=torch.bfloat16, device=f"cuda:{gpu}")
+b = torch.randn(n, n, dtype=torch.bfloat16, device=f"cuda:{gpu}")
+for _ in range(3):
+    c = a @ b
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+done, last = 0, time.monotonic()
+while True:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < duty * period:
+        for _ in range(4):
+            c = a @ b
+        torch.cuda.synchronize()
+        done += 4
+    if duty < 1.0:
+        time.sleep(max(0.0, period - (time.monotonic() - t0)))
+    if time.monotonic() - last >= 1.0:
+        last = time.monotonic()
+        print("matmuls", done, flush=True)
+"""
+
+
+@dataclass
+class GpuHog:
+    """Another process computing on GPU ``gpu`` (matmuls of ``n``×``n`` bf16), busy
+    ``duty`` of every ``period_s``: the job's processes on that GPU share it and fall
+    behind. :meth:`prepare` starts the process (CUDA start-up takes seconds), :meth:`start`
+    lets it compute."""
+
+    gpu: int = 0
+    duty: float = 1.0
+    period_s: float = 0.1
+    n: int = 8192
+    python: str = "python3"
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    matmuls: int = 0
+    tflops: float = 0.0
+    error: str = ""
+
+    def prepare(self) -> None:
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen(
+            [self.python, "-c", _GPU_HOG, str(self.gpu), str(self.duty), str(self.period_s), str(self.n)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline() if self._proc.stdout else ""
+        if line.strip() != "ready":
+            self.error = (line + (self._proc.stderr.read() if self._proc.stderr else ""))[-2000:]
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+            raise RuntimeError(f"GPU hog did not start: {self.error}")
+
+    def start(self) -> None:
+        self.prepare()
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write("go\n")
+        self._proc.stdin.flush()
+        self._started = time.monotonic()
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        elapsed = time.monotonic() - self._started
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=20)
+        done = [int(x.split()[1]) for x in out.splitlines() if x.startswith("matmuls ")]
+        self.matmuls = done[-1] if done else 0
+        self.tflops = round(self.matmuls * 2 * self.n**3 / max(elapsed, 1e-9) / 1e12, 1)
+        self._proc = None
+
+    def describe(self) -> dict:
+        return {"injector": "gpuhog", "gpu": self.gpu, "duty": self.duty, "period_s": self.period_s,
+                "matmul_n": self.n, "matmuls_at_least": self.matmuls,
+                "hog_tflops_at_least": self.tflops, "error": self.error}
 
 
 class Pulsed:

@@ -25,6 +25,17 @@ if ls .gpu/scenarios/whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/scenario-site .gpu/scenarios/whl/*.whl >>"$LOG" 2>&1 && WATCH_PATH=/tmp/scenario-site
 fi
+# The device tool carries at most 64 MiB (tree + carry): .gpu may hold the Inspector sources
+# and the tc binary with its libraries as .gpu/inspector.tar.xz and .gpu/scenarios/tc.tar.xz,
+# unpacked here (with Python's tarfile: no xz binary needed) where the folders are not there.
+for pair in ".gpu/inspector.tar.xz:.gpu" ".gpu/scenarios/tc.tar.xz:.gpu/scenarios"; do
+  ARCHIVE=${pair%%:*}; DEST=${pair#*:}
+  if [ -f "$ARCHIVE" ] && [ ! -e "${ARCHIVE%.tar.xz}" ]; then
+    python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' \
+      "$ARCHIVE" "$DEST" >>"$LOG" 2>&1 || echo "unpacking $ARCHIVE FAILED" >>"$LOG"
+  fi
+done
 INSPECTOR=""
 if [ -f .gpu/inspector/Makefile ]; then
   # NCCL Inspector from NVIDIA's nccl source (plugins/profiler/inspector), built here.

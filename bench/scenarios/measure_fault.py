@@ -17,6 +17,16 @@ and rewrites the label to the effect (keeping the injected one in ``injected_as`
 one, else ``throughput_drop`` (attribution ``unknown``: the job slowed, NCCL did not).
 The rule uses the fault's labelled span and the whole run, never a detector's output.
 
+A run whose label was injected as a *shared GPU* (``gpuhog:``: another process computing
+on one GPU, labelled a straggler of the job's processes there) is measured the same way
+but judged by its own rule, since sharing the GPU also lengthens the shared rank's own
+NCCL kernels (its SMs are time-sliced) and so its kernel time need not hold within
+``LATE_HELD`` nor the transfer within ``LINK_SLOWER``: on each NVLink key whose
+communicator holds a shared rank, that rank is the late one if every other rank's median
+kernel time rose by at least ``OTHERS_WAIT`` times as much as the shared rank's own (the
+others wait for it). Late on most of those keys: the straggler label stands; else the
+run is relabelled ``throughput_drop`` (attribution ``unknown``).
+
     .venv/bin/python bench/scenarios/measure_fault.py RUN.tar.gz ... --out DIR
 """
 
@@ -82,9 +92,36 @@ def measure(run: Path) -> dict:
     return {"keys": out}
 
 
+def shared_gpu_late(m: dict, info: dict, global_ranks: list[int]) -> list[bool]:
+    """Per NVLink key of a communicator that holds a shared-GPU rank: was that rank the late
+    one (every other rank's kernel time rose ``OTHERS_WAIT`` times as much as its own)?"""
+    comms = {c["comm"]: c for c in info["comms"].values()}
+    out = []
+    for k in m["keys"]:
+        c = comms.get(k["comm"])
+        own = [c["ranks"].index(g) for g in global_ranks if g in c["ranks"]] if c else []
+        times = {int(r): bd for r, bd in k["exec_us_before_during"].items()}
+        if not own or not all(r in times for r in own) or len(times) < 2:
+            continue
+        rise = {r: d / max(b, 1) for r, (b, d) in times.items()}
+        own_rise = max(rise[r] for r in own)
+        out.append(all(v >= OTHERS_WAIT * own_rise for r, v in rise.items() if r not in own))
+    return out
+
+
 def relabel(run: Path) -> dict | None:
     labels = json.loads((run / "labels.json").read_text())
     fault = labels["faults"][0] if labels["faults"] else None
+    if fault is not None and str(fault.get("injector", "")).startswith("gpuhog"):
+        m = measure(run)
+        info = json.loads((run / "run.json").read_text())
+        fault["injected_as"] = {"type": fault["type"], "attribution": fault["attribution"]}
+        fault["measured"] = m
+        late = shared_gpu_late(m, info, fault["global_ranks"])
+        fault["measured"]["shared_rank_late"] = late
+        if not (late and 2 * sum(late) > len(late)):
+            fault.update(type="throughput_drop", attribution="unknown")
+        return labels
     if fault is None or fault["type"] != "intra_node":
         return None
     m = measure(run)

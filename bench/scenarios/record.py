@@ -227,7 +227,10 @@ class Run:
     def congestion(self, spec: str):
         """An injector from a spec like ``cpu:k=2,duty=1``, ``sockets:n=4+cpu:k=1``,
         ``nvlink:streams=2,mib=256,both=1`` or ``pulse:on=4,off=4+tc:rate=12gbit,dev=lo``
-        (``pulse`` switches the rest on and off)."""
+        (``pulse`` switches the rest on and off), ``netem:delay=500us,dev=lo``,
+        ``netem:loss=1%,dev=lo``, ``ramp:rates=48gbit/32gbit/20gbit/12gbit,step=5,dev=lo``
+        (a tbf rate stepped down every ``step`` s) or ``gpuhog:gpu=2,duty=1.0`` (another
+        process's matmuls on GPU 2)."""
         parts = []
         pulse = None
         pids = [self.ranks[r]["pid"] for r in self.network_ranks()]
@@ -249,6 +252,20 @@ class Run:
                 # Same-host socket traffic goes through `lo` whatever address NCCL picked.
                 parts.append(faults.TcShaper(tc, kv.get("dev", self.socket_address()["iface"]),
                                              kv.get("rate", "16gbit")))
+            elif kind in ("netem", "ramp"):
+                if not self.args.allow_tc:
+                    raise ValueError(f"{kind} shapes the whole interface: pass --allow-tc")
+                tc = self.args.tc.split() if self.args.tc else ["tc"]
+                dev = kv.get("dev", self.socket_address()["iface"])
+                if kind == "netem":
+                    parts.append(faults.NetemShaper(tc, dev, kv.get("delay", ""), kv.get("jitter", ""),
+                                                    kv.get("loss", "")))
+                else:
+                    parts.append(faults.RampedTc(tc, dev, kv.get("rates", "48gbit/32gbit/20gbit/12gbit").split("/"),
+                                                 float(kv.get("step", 5))))
+            elif kind == "gpuhog":
+                parts.append(faults.GpuHog(int(kv.get("gpu", 0)), float(kv.get("duty", 1.0)),
+                                           float(kv.get("period", 0.1)), int(kv.get("n", 8192)), sys.executable))
             elif kind == "nvlink":
                 parts.append(faults.NvlinkContention(
                     int(kv.get("src", 0)), int(kv.get("dst", 1)), int(kv.get("streams", 2)),
@@ -453,6 +470,18 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
             run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
                        {"type": "intra_node", "attribution": "intra_node", "global_rank": None,
                         "injector": args.injector})
+        elif scenario == "gpuhog":
+            # Another process computing on one GPU: the job's processes there are the
+            # injected stragglers (measure_fault.py checks that they were the late ones).
+            injector = run.congestion(args.injector)
+            for part in getattr(injector, "parts", [injector]):
+                if hasattr(part, "prepare"):
+                    part.prepare()
+            gpus = {p.gpu for p in getattr(injector, "parts", [injector]) if isinstance(p, faults.GpuHog)}
+            ranks = sorted(r for r, info in run.ranks.items() if info["gpu"] in gpus)
+            run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
+                       {"type": "straggler", "attribution": "straggler", "global_rank": ranks[0],
+                        "global_ranks": ranks, "injector": args.injector})
         elif scenario == "straggler":
             ranks = [int(r) for r in str(args.straggler_rank).split(",")]
             run.straggle(ranks, args.straggler_extra, args.fault_start_s,
@@ -579,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("command", choices=("run", "calibrate", "suite"))
     p.add_argument("--scenario", default="clean",
-                   choices=("clean", "congestion", "nvlink", "straggler"))
+                   choices=("clean", "congestion", "nvlink", "straggler", "gpuhog"))
     p.add_argument("--scenarios", nargs="+", default=["clean", "congestion", "straggler"])
     p.add_argument("--name")
     p.add_argument("--out", default="/tmp/ncclwatch-runs")
