@@ -196,6 +196,24 @@ def test_the_tenth_batch_steps_longer_than_a_window_as_first_judged(rows):
     assert rows["i4-long-slow-all-1.3x"]["delay_s"] <= 5.0, table
 
 
+
+def test_the_eleventh_batch_new_fault_kinds_as_first_judged(rows):
+    """Fault kinds no batch had (plan t): a GPU shared with another process's matmuls and a
+    tbf rate stepped down over the fault; judged once by a97fccc: 2 of 6. Every shared GPU
+    is named as the straggler, but each run also raises network_path 9.6-15.4 s in (and
+    through Inspector the straggler comes 9.9 s in); the plugin's ramp is found 6.1 s in,
+    past the bound. Misses kept as misses."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_9"])])
+    wrong = {n for n in SPLIT["heldout_9"] if not rows[n]["ok"]}
+    assert wrong == {"p4-gpuhog-g2", "p4-gpuhog-g0-0.5", "i4-gpuhog-g1", "p4-ramp-48-12g"}, table
+    for name, rank in (("p4-gpuhog-g2", 2), ("p4-gpuhog-g0-0.5", 0), ("i4-gpuhog-g1", 1)):
+        assert rows[name]["got"] == f"straggler rank {rank}", table
+        assert [a.split("@")[0] for a in rows[name]["false_alerts"]] == ["network_path"], table
+    for name in ("p4-ramp-48-12g", "i4-ramp-40-12g"):
+        assert rows[name]["got"] == "network_path", table
+    assert rows["i4-ramp-40-12g"]["delay_s"] <= 5.0, table
+    assert rows["i4-t-clean"]["got"] == "-", table
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

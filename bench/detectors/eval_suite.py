@@ -250,7 +250,9 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_8", "Tenth batch, steps longer than a window "
+    for half, heading in (("heldout_9", "Eleventh batch, fault kinds no batch had "
+                                        "(a shared GPU, a stepped-down rate; judged once by a97fccc: 2 of 6)"),
+                          ("heldout_8", "Tenth batch, steps longer than a window "
                                         "(judged once by 78f6cea: 2 of 4; now 3 of 4)"),
                           ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
                           ("heldout_6", "Eighth batch, held out (other job shapes; judged once by 5f02617: 9 of 9)"),
@@ -265,8 +267,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """77 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,s}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """83 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,t}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -321,7 +323,16 @@ stragglers: a 1.3× one on GPU 2 held as its NVLink communicator's link trouble 
 that communicator's keys slowed, as its peer waited for it) until the fault ended, then
 named as its node peer; and one raised on a run where every rank slowed, which then
 carried the drop. A key whose ranks wait for one of them no longer counts as link
-trouble: the first is named 4.3 s in (3 of 4), nothing else changed. 71 of the 77 right.
+trouble: the first is named 4.3 s in (3 of 4), nothing else changed. An eleventh (plan
+`t`: 6 runs with fault kinds no batch had, steps of ~0.29 s: another process's matmuls on
+one GPU, all the time or half of it, through both profilers; a `tbf` rate stepped down
+every 5 s over the fault, 48 or 40 down to 12 Gbit/s, through both; clean; `netem` latency
+and loss were planned, but the device's kernel has no `sch_netem`), judged once by
+a97fccc: 2 of 6. Every shared GPU is named as the straggler (3.6 and 4.4 s in through the
+plugin, 9.9 s through Inspector), but each of the three runs also raised `network_path`
+9.6–15.4 s into the fault; the plugin's ramp is found 6.1 s in, past the bound (its first
+5 s at 48 Gbit/s cost 4.6 %); the Inspector ramp (3.3 s) and the clean run are right.
+73 of the 83 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
