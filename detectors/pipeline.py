@@ -495,6 +495,30 @@ class Pipeline:
         ]
 
     @staticmethod
+    def _slow_gpu_echo(job: JobState, inc: Incident) -> bool:
+        """A link incident that a straggler begun no later explains: the late process is a
+        rank of every key of the incident, and an NVLink key it is in is degraded too. A
+        slower GPU (another process's kernels on it, lower clocks) runs its NCCL kernels
+        slower as well as its compute, so every collective it is in slows, NVLink ones
+        included; a slower network leaves NVLink-only keys alone."""
+        for s in job.incidents.values():
+            if s.type != "straggler" or s.start_ns > inc.start_ns or s.rank is None:
+                continue
+            # its key, or (one named across keys) a key of the communicator it names
+            named = _named_key(job, s) or next(
+                (v for v in job.keys.values() if v.comm == s.evidence.get("comm") and s.rank in v.rank_host), None)
+            if named is None:
+                continue
+            host, proc = named.rank_host.get(s.rank), processes(named).get(s.rank)
+            members = [job.keys.get(m[:4]) for m in inc.members]
+            if not members or not all(_has_process(v, host, proc) for v in members):
+                continue
+            if any(v.transport == "nvlink" and degraded_now(v) and _has_process(v, host, proc)
+                   for v in job.keys.values()):
+                return True
+        return False
+
+    @staticmethod
     def _name_late_process(job: JobState, inc: Incident) -> None:
         """Name the process every communicator's spread points at (:func:`late_process`),
         which may not be the rank the first key to fire named."""
@@ -538,6 +562,8 @@ class Pipeline:
         if inc.type in LINK_TYPES:
             if not self._reattribute(job, inc):
                 return
+            if self._slow_gpu_echo(job, inc):
+                return  # the straggler's GPU slows its own transfers too: one cause
             if loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0]):
                 return  # the job's own slowdown (throughput_drop), not its links'
         if inc.type == "straggler":
@@ -567,10 +593,16 @@ class Pipeline:
         # Now: a ramp is raised when it costs the gate, not when its average since onset
         # does. Early: a degradation that had been harmless for a while (a rank-order
         # flip, a drift) does not take the blame for a loss something else started later.
-        span = self._early_span_ns(job)
         tp = job.throughput
-        now = tp.delta(max(inc.start_ns, job.watermark - span), job.watermark, before_ns=inc.start_ns)
-        early = tp.delta(inc.start_ns, min(job.watermark, inc.start_ns + span))
+        # Steps (or a trainer's log lines) sparser than the span: each side spans the
+        # time between two of them at least, and a step counts for the incident when
+        # most of the time it reports (since the one before) came after its start.
+        now_ns = job.watermark
+        gap = tp.step_gap_ns(now_ns)
+        span = max(self._early_span_ns(job), gap)
+        start = inc.start_ns + gap // 2
+        now = tp.delta(max(start, now_ns - span), now_ns, before_ns=inc.start_ns)
+        early = tp.delta(start, min(now_ns, start + span))
         return None if now is None or early is None else (now, early)
 
     def _slowed_alike(self, job: JobState, network: bool, drop: float) -> bool:

@@ -129,6 +129,19 @@ class ThroughputTracker:
         self.last = value
         return self.ts_ns, value
 
+    def step_gap_ns(self, until_ns: int, last: int = 8) -> int:
+        """Median time between the latest steps completed by ``until_ns`` (a trainer's
+        log lines), 0 with fewer than two.
+
+        >>> tp = ThroughputTracker(DetectorConfig())
+        >>> tp.history.extend([(0, 1.0), (5, 1.0), (10, 1.0), (16, 1.0), (30, 1.0)])
+        >>> tp.step_gap_ns(until_ns=20)
+        5
+        """
+        ts = [t for t, _ in self.history if t <= until_ns][-last:]
+        gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False))
+        return gaps[len(gaps) // 2] if gaps else 0
+
     def mean(self, start_ns: int, end_ns: int | None) -> tuple[float | None, int]:
         vals = [v for ts, v in self.history if ts >= start_ns and (end_ns is None or ts <= end_ns)]
         return (sum(vals) / len(vals) if vals else None), len(vals)

@@ -309,6 +309,20 @@ def test_a_log_line_whose_loss_began_in_its_last_second_waits_for_nccl_to_show_i
     assert [(e.type, e.state) for e in events] == [("network_path", "firing")], events
 
 
+def test_a_link_fault_in_a_job_logging_every_5_s_is_judged_by_the_lines_after_it_began():
+    # The network keys lose 20 % from t=74 and the job 10 %, one line per 5 s: the line
+    # at 74 reports 70-74, one second of the fault (-2 %), and made the fault's first
+    # seconds look harmless, so it was never raised. A line counts for an incident when
+    # most of the time it reports came after the incident began.
+    line = logged_every_5_s(lambda t: 279.0 if t >= 74 else 310.0)
+    events = feed(Pipeline(DetectorConfig()), range(100), lambda t: [
+        *job_keys(t, 32.0 if t >= 74 else 40.0, 100.0, 32.0 if t >= 74 else 40.0), *line(t)])
+    firing = [e for e in events if e.state == "firing"]
+    assert [(e.type, e.severity) for e in firing] == [("network_path", "critical")], events
+    assert s(firing[0].start_ns) == 74 and s(firing[0].detected_ns) <= 81
+    assert firing[0].throughput_delta <= -DetectorConfig().throughput_drop
+
+
 def test_a_pause_longer_than_the_fill_limit_is_not_a_sustained_drop():
     # A step that took 90 s (a checkpoint, say) reports one low value: not 90 windows of it.
     p = Pipeline(CFG)
