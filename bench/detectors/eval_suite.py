@@ -251,7 +251,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
     for half, heading in (("heldout_9", "Eleventh batch, fault kinds no batch had "
-                                        "(a shared GPU, a stepped-down rate; judged once by a97fccc: 2 of 6)"),
+                                        "(a shared GPU, a stepped-down rate; "
+                                        "judged once by a97fccc: 2 of 6; 3 of 6 after)"),
                           ("heldout_8", "Tenth batch, steps longer than a window "
                                         "(judged once by 78f6cea: 2 of 4; now 3 of 4)"),
                           ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
@@ -332,7 +333,11 @@ a97fccc: 2 of 6. Every shared GPU is named as the straggler (3.6 and 4.4 s in th
 plugin, 9.9 s through Inspector), but each of the three runs also raised `network_path`
 9.6–15.4 s into the fault; the plugin's ramp is found 6.1 s in, past the bound (its first
 5 s at 48 Gbit/s cost 4.6 %); the Inspector ramp (3.3 s) and the clean run are right.
-73 of the 83 right.
+A link incident whose every key has a straggler's process, with an NVLink key of that
+process degraded too, is now that straggler's echo (a slower GPU runs its NCCL kernels
+slower, NVLink ones included; a slower network leaves those alone): the shared GPUs 2 and
+1 raise the straggler alone, 3 of 6 (GPU 0, hogged half the time, whose NVLink key held,
+still raises `network_path`). 74 of the 83 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
