@@ -212,8 +212,40 @@ class SocketBlaster:
                 "competing_gbs": round(self.gbs, 3)}
 
 
+def run_tc(tc: list[str], env: dict[str, str] | None, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*tc, *args], capture_output=True, text=True, timeout=10, env=env)
+
+
+class RootQdisc:
+    """:meth:`start` puts :meth:`qdisc` at the root of ``iface``, :meth:`stop` takes it
+    away; ``applied`` and ``error`` say whether it took. Subclasses are dataclasses with
+    ``tc``, ``iface``, ``env``, ``applied`` and ``error`` fields."""
+
+    tc: list[str]
+    iface: str
+    env: dict[str, str] | None
+    applied: bool
+    error: str
+
+    def qdisc(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        r = run_tc(self.tc, self.env, "qdisc", "replace", "dev", self.iface, "root", *self.qdisc())
+        self.applied = r.returncode == 0
+        self.error = r.stderr.strip()
+
+    def stop(self) -> None:
+        if self.applied:
+            run_tc(self.tc, self.env, "qdisc", "del", "dev", self.iface, "root")
+
+
+def tbf(rate: str) -> list[str]:
+    return ["tbf", "rate", rate, "burst", "4mb", "latency", "100ms"]
+
+
 @dataclass
-class TcShaper:
+class TcShaper(RootQdisc):
     """A ``tbf`` rate limit on ``iface`` (``tc`` given as a command list)."""
 
     tc: list[str]
@@ -223,19 +255,8 @@ class TcShaper:
     applied: bool = False
     error: str = ""
 
-    def _tc(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.tc, *args], capture_output=True, text=True, timeout=10,
-                              env=self.env)
-
-    def start(self) -> None:
-        r = self._tc("qdisc", "replace", "dev", self.iface, "root", "tbf", "rate", self.rate,
-                     "burst", "4mb", "latency", "100ms")
-        self.applied = r.returncode == 0
-        self.error = r.stderr.strip()
-
-    def stop(self) -> None:
-        if self.applied:
-            self._tc("qdisc", "del", "dev", self.iface, "root")
+    def qdisc(self) -> list[str]:
+        return tbf(self.rate)
 
     def describe(self) -> dict:
         return {"injector": "tc", "iface": self.iface, "rate": self.rate,
@@ -243,7 +264,7 @@ class TcShaper:
 
 
 @dataclass
-class NetemShaper:
+class NetemShaper(RootQdisc):
     """``netem`` on ``iface`` (``tc`` given as a command list): latency (``delay``, with an
     optional ``jitter``) and/or packet ``loss`` on the path, not a rate limit. Needs the
     kernel's ``sch_netem``; ``applied`` and ``error`` say whether it took."""
@@ -267,18 +288,8 @@ class NetemShaper:
             raise ValueError("netem needs delay= and/or loss=")
         return out
 
-    def _tc(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.tc, *args], capture_output=True, text=True, timeout=10,
-                              env=self.env)
-
-    def start(self) -> None:
-        r = self._tc("qdisc", "replace", "dev", self.iface, "root", "netem", *self.args())
-        self.applied = r.returncode == 0
-        self.error = r.stderr.strip()
-
-    def stop(self) -> None:
-        if self.applied:
-            self._tc("qdisc", "del", "dev", self.iface, "root")
+    def qdisc(self) -> list[str]:
+        return ["netem", *self.args()]
 
     def describe(self) -> dict:
         return {"injector": "netem", "iface": self.iface, "delay": self.delay, "jitter": self.jitter,
@@ -286,7 +297,31 @@ class NetemShaper:
                 "error": self.error}
 
 
-class RampedTc:
+class LoopInjector:
+    """An injector whose :meth:`_loop` runs on a thread from :meth:`start` until
+    :meth:`stop` sets ``_stop`` (which the loop waits on between its steps)."""
+
+    NAME = "injector"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=self.NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+class RampedTc(LoopInjector):
     """A ``tbf`` rate stepped down over the fault: ``rates[0]`` from :meth:`start`, the
     next every ``step_s``, the last until :meth:`stop` (a gradual degradation rather than
     a step). ``steps`` are the wall-clock (start_ns, rate, applied) of each rate."""
@@ -296,37 +331,26 @@ class RampedTc:
         if not rates or step_s <= 0:
             raise ValueError("a ramp needs rates and a step > 0 s")
         self.tc, self.iface, self.rates, self.step_s, self.env = tc, iface, rates, step_s, env
+        super().__init__()
         self.steps: list[tuple[int, str, bool]] = []
         self.error = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _tc(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.tc, *args], capture_output=True, text=True, timeout=10,
-                              env=self.env)
 
     def _loop(self) -> None:
         for i, rate in enumerate(self.rates):
             if i and self._stop.wait(self.step_s):
                 return
             t = time.time_ns()
-            r = self._tc("qdisc", "replace", "dev", self.iface, "root", "tbf", "rate", rate,
-                         "burst", "4mb", "latency", "100ms")
+            r = run_tc(self.tc, self.env, "qdisc", "replace", "dev", self.iface, "root", *tbf(rate))
             self.steps.append((t, rate, r.returncode == 0))
             if r.returncode != 0:
                 self.error = r.stderr.strip()
 
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ramp", daemon=True)
-        self._thread.start()
+    NAME = "ramp"
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
+        super().stop()
         if any(ok for _, _, ok in self.steps):
-            self._tc("qdisc", "del", "dev", self.iface, "root")
+            run_tc(self.tc, self.env, "qdisc", "del", "dev", self.iface, "root")
 
     def describe(self) -> dict:
         return {"injector": "ramp-tc", "iface": self.iface, "rates": self.rates, "step_s": self.step_s,
@@ -388,8 +412,80 @@ while True:
 """
 
 
+class GoProcess:
+    """A Python child that sets up (CUDA start-up takes seconds), prints ``ready``, waits
+    for ``go`` on stdin, then works, printing ``<counter> <n>`` lines, until terminated."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.started = 0.0
+
+    @classmethod
+    def launch(cls, python: str, script: str, args: list, what: str) -> GoProcess:
+        proc = subprocess.Popen([python, "-c", script, *map(str, args)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = proc.stdout.readline() if proc.stdout else ""
+        if line.strip() != "ready":
+            error = (line + (proc.stderr.read() if proc.stderr else ""))[-2000:]
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"{what} did not start: {error}")
+        return cls(proc)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self.started = time.monotonic()
+
+    def finish(self, counter: str) -> tuple[int, float]:
+        """Stop it; the last ``counter`` value it printed and the seconds since ``go``."""
+        elapsed = time.monotonic() - self.started
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=20)
+        values = [int(x.split()[1]) for x in out.splitlines() if x.startswith(counter)]
+        return (values[-1] if values else 0), elapsed
+
+
+class GoInjector:
+    """An injector that is a :class:`GoProcess` running ``SCRIPT`` with :meth:`_args`:
+    :meth:`prepare` starts it, :meth:`start` lets it work, :meth:`stop` hands its last
+    ``COUNTER`` value and the seconds it worked to :meth:`_done`. Subclasses are
+    dataclasses with ``python``, ``error`` and ``_child`` fields."""
+
+    SCRIPT = WHAT = COUNTER = ""
+    python: str
+    error: str
+    _child: GoProcess | None
+
+    def _args(self) -> list:
+        raise NotImplementedError
+
+    def _done(self, value: int, elapsed: float) -> None:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        if self._child is None:
+            try:
+                self._child = GoProcess.launch(self.python, self.SCRIPT, self._args(), self.WHAT)
+            except RuntimeError as e:
+                self.error = str(e)
+                raise
+
+    def start(self) -> None:
+        self.prepare()
+        assert self._child is not None
+        self._child.go()
+
+    def stop(self) -> None:
+        if self._child is None:
+            return
+        self._done(*self._child.finish(self.COUNTER))
+        self._child = None
+
+
 @dataclass
-class NvlinkContention:
+class NvlinkContention(GoInjector):
     """Competing peer-to-peer copies between GPUs ``src`` and ``dst`` over NVLink.
 
     ``streams`` copy streams per direction, each moving ``mib`` MiB per copy; ``both``
@@ -403,42 +499,18 @@ class NvlinkContention:
     mib: int = 256
     both: bool = True
     python: str = "python3"
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _child: GoProcess | None = field(default=None, repr=False)
     bytes_moved: int = 0
     error: str = ""
 
-    def prepare(self) -> None:
-        if self._proc is not None:
-            return
-        self._proc = subprocess.Popen(
-            [self.python, "-c", _NVLINK_COPIER, str(self.src), str(self.dst), str(self.streams),
-             str(self.mib), str(int(self.both))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self._proc.stdout.readline() if self._proc.stdout else ""
-        if line.strip() != "ready":
-            self.error = (line + (self._proc.stderr.read() if self._proc.stderr else ""))[-2000:]
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-            raise RuntimeError(f"NVLink copier did not start: {self.error}")
+    SCRIPT, WHAT, COUNTER = _NVLINK_COPIER, "NVLink copier", "copied "
 
-    def start(self) -> None:
-        self.prepare()
-        assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write("go\n")
-        self._proc.stdin.flush()
-        self._started = time.monotonic()
+    def _args(self) -> list:
+        return [self.src, self.dst, self.streams, self.mib, int(self.both)]
 
-    def stop(self) -> None:
-        if self._proc is None:
-            return
-        elapsed = time.monotonic() - self._started
-        self._proc.terminate()
-        out, _ = self._proc.communicate(timeout=20)
-        moved = [int(x.split()[1]) for x in out.splitlines() if x.startswith("copied ")]
-        self.bytes_moved = moved[-1] if moved else 0
-        self.gbs = round(self.bytes_moved / max(elapsed, 1e-9) / 1e9, 1)
-        self._proc = None
+    def _done(self, value: int, elapsed: float) -> None:
+        self.bytes_moved = value
+        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
 
     def describe(self) -> dict:
         return {"injector": "nvlink", "src_gpu": self.src, "dst_gpu": self.dst,
@@ -479,7 +551,7 @@ while True:
 
 
 @dataclass
-class GpuHog:
+class GpuHog(GoInjector):
     """Another process computing on GPU ``gpu`` (matmuls of ``n``×``n`` bf16), busy
     ``duty`` of every ``period_s``: the job's processes on that GPU share it and fall
     behind. :meth:`prepare` starts the process (CUDA start-up takes seconds), :meth:`start`
@@ -490,42 +562,19 @@ class GpuHog:
     period_s: float = 0.1
     n: int = 8192
     python: str = "python3"
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _child: GoProcess | None = field(default=None, repr=False)
     matmuls: int = 0
     tflops: float = 0.0
     error: str = ""
 
-    def prepare(self) -> None:
-        if self._proc is not None:
-            return
-        self._proc = subprocess.Popen(
-            [self.python, "-c", _GPU_HOG, str(self.gpu), str(self.duty), str(self.period_s), str(self.n)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self._proc.stdout.readline() if self._proc.stdout else ""
-        if line.strip() != "ready":
-            self.error = (line + (self._proc.stderr.read() if self._proc.stderr else ""))[-2000:]
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-            raise RuntimeError(f"GPU hog did not start: {self.error}")
+    SCRIPT, WHAT, COUNTER = _GPU_HOG, "GPU hog", "matmuls "
 
-    def start(self) -> None:
-        self.prepare()
-        assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write("go\n")
-        self._proc.stdin.flush()
-        self._started = time.monotonic()
+    def _args(self) -> list:
+        return [self.gpu, self.duty, self.period_s, self.n]
 
-    def stop(self) -> None:
-        if self._proc is None:
-            return
-        elapsed = time.monotonic() - self._started
-        self._proc.terminate()
-        out, _ = self._proc.communicate(timeout=20)
-        done = [int(x.split()[1]) for x in out.splitlines() if x.startswith("matmuls ")]
-        self.matmuls = done[-1] if done else 0
-        self.tflops = round(self.matmuls * 2 * self.n**3 / max(elapsed, 1e-9) / 1e12, 1)
-        self._proc = None
+    def _done(self, value: int, elapsed: float) -> None:
+        self.matmuls = value
+        self.tflops = round(value * 2 * self.n**3 / max(elapsed, 1e-9) / 1e12, 1)
 
     def describe(self) -> dict:
         return {"injector": "gpuhog", "gpu": self.gpu, "duty": self.duty, "period_s": self.period_s,
@@ -533,7 +582,7 @@ class GpuHog:
                 "hog_tflops_at_least": self.tflops, "error": self.error}
 
 
-class Pulsed:
+class Pulsed(LoopInjector):
     """An injector switched on for ``on_s``, off for ``off_s``, over and over (an
     intermittent fault: a flapping link, a periodic neighbour), from :meth:`start` until
     :meth:`stop`; ``spans`` are the wall-clock (start_ns, end_ns) it was on."""
@@ -542,9 +591,8 @@ class Pulsed:
         if not (on_s > 0 and off_s > 0):
             raise ValueError("pulse on and off must be > 0 s")
         self.inner, self.on_s, self.off_s = inner, on_s, off_s
+        super().__init__()
         self.spans: list[tuple[int, int]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -555,15 +603,7 @@ class Pulsed:
             self.spans.append((t0, time.time_ns()))
             self._stop.wait(self.off_s)
 
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="pulse", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
+    NAME = "pulse"
 
     def describe(self) -> dict:
         inner = self.inner.describe()
