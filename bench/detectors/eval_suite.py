@@ -341,7 +341,8 @@ still raises `network_path`). 74 of the 83 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
-the 9 of the eighth (14 events; 11:44 UTC, 91d1f8a).
+the 9 of the eighth (14 events; 11:44 UTC, 91d1f8a), and, with the change the eleventh
+led to, on its 6 (12 events; 15:07 UTC, 529b11f).
 """
 
 GPU_RUNS_11_27 = """3 real 2×H100 runs (`tests/fixtures/gpu_runs/2026-11-27`, README there; recorded with
