@@ -85,6 +85,7 @@ _RUN_DIRS = ("spool", "inspector", "trainlogs")
 # arguments and model set-up first (thousands of lines), and a job's stdout may hold
 # NCCL's debug output too.
 _TRAINLOG_SCAN_BYTES = 64 << 20
+_LINE_BYTES = 64 << 10  # a Megatron iteration line is well under 4 KiB
 # Inspector writes per communicator per dump, so its ops reach a file out of time order
 # by up to a dump interval: their windows wait this long (in stream time) for stragglers.
 INSPECTOR_LATENESS_S = 10.0
@@ -265,13 +266,14 @@ def is_training_log(path: Path, limit: int = _TRAINLOG_SCAN_BYTES) -> bool:
     try:
         with _open_bytes(path) as f:
             seen = 0
-            for raw in f:
+            while seen < limit:
+                raw = f.readline(_LINE_BYTES)  # bounded: a text-named binary has no newlines
+                if not raw:
+                    return False
                 if is_iteration_line(raw):
                     return True
                 seen += len(raw)
-                if seen >= limit:
-                    return False
-    except (OSError, EOFError):
+    except (OSError, EOFError, gzip.BadGzipFile):
         return False
     return False
 

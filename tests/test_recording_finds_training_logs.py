@@ -12,12 +12,20 @@ from __future__ import annotations
 import gzip
 import shutil
 import tarfile
+import tracemalloc
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from ncclwatch.detectors import watch
-from ncclwatch.ingest.recording import Options, ReadStats, RecordingError, find_sources, read_recording
+from ncclwatch.ingest.recording import (
+    Options,
+    ReadStats,
+    RecordingError,
+    find_sources,
+    is_training_log,
+    read_recording,
+)
 from ncclwatch.ingest.trainlog import LineClock
 
 from ncclwatch.config import load
@@ -114,3 +122,16 @@ def test_a_log_written_in_another_zone_is_laid_over_the_ops_and_said_so(recorded
     stats = ReadStats()
     list(read_recording([str(zoned)], stats, Options(timezone="UTC")))
     assert stats.trainlog_shift_ns == 0
+
+
+def test_looking_for_a_training_log_reads_a_newline_free_file_in_bounded_pieces(tmp_path):
+    # A binary dump named .txt has no lines: looking into it must not read it whole.
+    dump = tmp_path / "core-dump.txt"
+    dump.write_bytes(b"\x00" * (8 << 20))
+    tracemalloc.start()
+    try:
+        assert not is_training_log(dump, limit=4 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
