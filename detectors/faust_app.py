@@ -792,6 +792,11 @@ class Worker:
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
+        if self._rebalances != self._batch_began or self.app.rebalancing:
+            # Taken away while detecting: the next owner reads these records again from
+            # the saved state, and emits their events (held until a save: StreamCore).
+            self.stats.abandoned += 1
+            return
         if self.stage == "keys":
             futures = [
                 await self.events_out.send(key=key, value=value, timestamp=ts)
