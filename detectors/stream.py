@@ -867,7 +867,7 @@ class StreamCore:
 
     @property
     def save_pending(self) -> bool:
-        """Whether states or done messages wait for a save (``save_every_s``)."""
+        """Whether states, done messages or events wait for a save (``save_every_s``)."""
         return bool(self._unsaved or self._unsaved_gone or self._unacked or self._unsent)
 
     def save_due(self) -> bool:

@@ -398,6 +398,29 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         assert _by_key(got) == _by_key(want), cut
 
 
+def test_a_batchs_verdicts_go_out_with_the_save_that_covers_its_messages():
+    # Published before the save, they were published again by the next owner of a
+    # partition taken away in between (it reads from the older saved state).
+    from ncclwatch.detectors.messages import Message
+
+    from ncclwatch.records import to_json
+
+    records, _ = scenarios.generate(scenarios.by_name("network_step20_2x8"))
+    messages = [Message("w", 0, i, f"{r.job}|{r.comm}".encode(), to_json(r).encode(), 0)
+                for i, r in enumerate(r for r in records if r.KIND == "window")]
+    core, kinds = _key_stage_core(lambda key: None, None, save_every_s=0.35)  # a save every 4th batch
+    sent, acked, saves = 0, 0, 0
+    for i in range(0, len(messages), 25):
+        out = core.handle(messages[i:i + 25], kinds)
+        if out.states:
+            saves += 1
+            acked += len(out.done)
+            sent += len(out.events)
+        else:
+            assert out.events == [] and out.done == []  # nothing leaves before its save
+    assert saves > 3 and sent > 100 and acked > 0
+
+
 def _by_key(encoded):
     out: dict[tuple, list] = {}
     for v in encoded:
