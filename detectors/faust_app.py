@@ -506,7 +506,7 @@ class Worker:
             # one time-merge group: the worker reads all its partitions abreast
             self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state, merge,
                                    state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
-                                   save_every_s=save_every_s)
+                                   save_every_s=save_every_s, hold_events=False)
         else:
             detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs")
             self.core = StreamCore(detectors, self._load_state, merge, save_every_s=save_every_s)
@@ -792,11 +792,6 @@ class Worker:
 
     async def _finish(self, out: BatchOutcome) -> None:
         """Publish events (waiting for Kafka's acks), save touched jobs, acknowledge."""
-        if self._rebalances != self._batch_began or self.app.rebalancing:
-            # Taken away while detecting: the next owner reads these records again from
-            # the saved state, and emits their events (held until a save: StreamCore).
-            self.stats.abandoned += 1
-            return
         if self.stage == "keys":
             futures = [
                 await self.events_out.send(key=key, value=value, timestamp=ts)

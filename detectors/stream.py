@@ -806,6 +806,10 @@ class StreamCore:
         and so do the events those messages made (``events`` too is only what the save
         covers): a partition taken away before the save is read again by its next
         owner from the saved state, which then emits them once, not a second time.
+    hold_events
+        True (default): events wait for the save as above. False for the key stage:
+        its verdicts go out at once, ahead of the progress marks sent after them, and a
+        verdict sent again is an exact copy the job stage folds.
     """
 
     SAVE_COST_FACTOR = 5.0  # saving takes at most ~1/5 of the time
@@ -821,6 +825,7 @@ class StreamCore:
         state_key: Callable[[Any], str] | None = None,
         merge_group: Callable[[int], int] | None = None,
         save_every_s: float = 0.0,
+        hold_events: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.detectors = detectors
@@ -833,6 +838,7 @@ class StreamCore:
         self.partition_of: dict[str, int] = {}
         self._remaining: dict[tuple[str, int, int], int] = {}  # message -> records held
         self.save_every_s = save_every_s
+        self.hold_events = hold_events
         self._clock = clock
         self._unsaved: set[str] = set()  # touched since the last save
         self._unsaved_gone: dict[str, int] = {}  # forgotten since the last save -> partition
@@ -992,8 +998,9 @@ class StreamCore:
         self.detectors.evicted = []
         self._unacked += out.done
         out.done = []
-        self._unsent += out.events
-        out.events = []
+        if self.hold_events:
+            self._unsent += out.events
+            out.events = []
         if self.save_pending and self.save_due():
             self._save(out)
         return out
@@ -1014,7 +1021,7 @@ class StreamCore:
             out.states[job] = (self.partition_of[job], state)  # after a tombstone: back again
         out.done = self._unacked
         self._unacked = []
-        out.events = self._unsent
+        out.events = self._unsent + out.events
         self._unsent = []
         self._unsaved = set()
         self._unsaved_gone = {}

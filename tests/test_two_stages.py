@@ -317,7 +317,7 @@ def _save_states(table: dict, out) -> int:
     return biggest
 
 
-def _key_stage_core(load_state, hold_ranks, save_every_s=0.0):
+def _key_stage_core(load_state, hold_ranks, save_every_s=0.0, hold_events=False):
     from ncclwatch.detectors.messages import STAGE_KINDS  # noqa: F401 (the windows' kinds below)
     from ncclwatch.detectors.stream import KeyDetectors, StreamCore
 
@@ -325,7 +325,7 @@ def _key_stage_core(load_state, hold_ranks, save_every_s=0.0):
 
     detectors = KeyDetectors(CFG, hold_ranks=hold_ranks)
     core = StreamCore(detectors, load_state, state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
-                      save_every_s=save_every_s, clock=_batch_clock())
+                      save_every_s=save_every_s, hold_events=hold_events, clock=_batch_clock())
     return core, {"w": (WindowSummary,)}
 
 
@@ -398,9 +398,11 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         assert _by_key(got) == _by_key(want), cut
 
 
-def test_a_batchs_verdicts_go_out_with_the_save_that_covers_its_messages():
+def test_held_events_go_out_with_the_save_that_covers_their_messages():
     # Published before the save, they were published again by the next owner of a
-    # partition taken away in between (it reads from the older saved state).
+    # partition taken away in between (it reads from the older saved state). The job
+    # stage holds its events so; a key-stage core here shows the mechanism (the worker's
+    # key stage sends its verdicts at once: hold_events=False).
     from ncclwatch.detectors.messages import Message
 
     from ncclwatch.records import to_json
@@ -408,7 +410,7 @@ def test_a_batchs_verdicts_go_out_with_the_save_that_covers_its_messages():
     records, _ = scenarios.generate(scenarios.by_name("network_step20_2x8"))
     messages = [Message("w", 0, i, f"{r.job}|{r.comm}".encode(), to_json(r).encode(), 0)
                 for i, r in enumerate(r for r in records if r.KIND == "window")]
-    core, kinds = _key_stage_core(lambda key: None, None, save_every_s=0.35)  # a save every 4th batch
+    core, kinds = _key_stage_core(lambda key: None, None, save_every_s=0.35, hold_events=True)  # save: 4th batch
     sent, acked, saves = 0, 0, 0
     for i in range(0, len(messages), 25):
         out = core.handle(messages[i:i + 25], kinds)
