@@ -508,7 +508,7 @@ class Worker:
                                    state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
                                    save_every_s=save_every_s, hold_events=False)
         else:
-            detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs")
+            detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs", idle_wait_s=IDLE_AFTER_S)
             self.core = StreamCore(detectors, self._load_state, merge, save_every_s=save_every_s)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
@@ -772,6 +772,8 @@ class Worker:
                     await asyncio.gather(*futures)
             return
         idle = not self.core.merge.held and not (self.core.save_pending and self.core.save_due())
+        if self.stage == "jobs" and self.core.detectors.waiting():
+            idle = False  # records wait out IDLE_AFTER_S for key stages that are all idle
         if self._stream is None or not self._ready() or (idle and self.stage != "keys"):
             return
         async with self._lock:

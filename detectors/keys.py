@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -985,7 +988,11 @@ class VerdictMerge:
     answered first. A verdict's time is its window's end, a record's its timestamp.
 
     A source may say it is idle (its input read to the end, no group open): it holds
-    nothing back until it marks again. When every source is idle, all that is held goes.
+    nothing back until it marks again. When every source is idle, all that is held goes,
+    each item once it has been held ``idle_wait_s`` (by ``clock``): a key stage idle
+    until now and a job stage reading the job's throughput see the job's first records
+    at different times (after a quiet spell, or a forwarder draining its spill), and
+    what went before the key stage's first mark would make its verdicts late.
 
     A verdict ending at or before what was already let go (a key stage broke its mark:
     a forwarder lagging more than ``max_lateness_windows``, a key stage that joined
@@ -1012,9 +1019,14 @@ class VerdictMerge:
     [(2, 'c2')]
     """
 
-    def __init__(self, sources: Any = ()):
+    def __init__(self, sources: Any = (), *, idle_wait_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self._marks: dict[Any, int] = dict.fromkeys(sources, NEVER)
         self._idle: set[Any] = set()
+        self.idle_wait_s = idle_wait_s
+        self.clock = clock
+        self._arrived: deque[tuple[float, int]] = deque()  # (clock, time) of what was added
+        self._waited_upto = NEVER  # every item up to this time was held idle_wait_s
         self._heap: list[tuple] = []
         self._seq = 0
         self._late: list[tuple[Any, Any]] = []
@@ -1039,6 +1051,8 @@ class VerdictMerge:
             return True
         self._seq += 1
         heapq.heappush(self._heap, (*entry, self._seq, item, tag))
+        if self.idle_wait_s > 0:
+            self._arrived.append((self.clock(), entry[0]))
         return False
 
     def folded(self, item: Any) -> bool:
@@ -1065,6 +1079,10 @@ class VerdictMerge:
         tags = [tag for _, tag in late if tag is not None]
         marks = [t for s, t in self._marks.items() if s not in self._idle]
         bound: float = float("inf") if flush or not marks else min(marks)
+        if self._arrived:
+            self._waited()
+            if not marks and not flush and self._marks:
+                bound = self._waited_upto
         heap = self._heap
         while heap and heap[0][0] <= bound:
             entry = heapq.heappop(heap)
@@ -1078,6 +1096,17 @@ class VerdictMerge:
             if upto > self.released_upto:
                 self.released_upto = int(upto)
         return out
+
+    def _waited(self) -> None:
+        arrived, since = self._arrived, self.clock() - self.idle_wait_s
+        while arrived and arrived[0][0] <= since:
+            t = arrived.popleft()[1]
+            if t > self._waited_upto:
+                self._waited_upto = t
+
+    def waiting(self) -> bool:
+        """Whether items wait only for ``idle_wait_s`` to pass (every source idle)."""
+        return bool(self._arrived) and bool(self._marks) and self._idle.issuperset(self._marks)
 
     def to_state(self) -> dict[str, Any]:
         """JSON-ready: the marks and how far the merge let go, not what it holds.

@@ -139,6 +139,8 @@ class JobDetectors:
         tick_s: float = 1.0,
         partitions: int = 1,
         staged: bool = False,
+        idle_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if pipeline_cls is None:
             from ncclwatch.detectors.pipeline import Pipeline as pipeline_cls
@@ -161,6 +163,8 @@ class JobDetectors:
         self.staged = staged
         self.merges: dict[str, VerdictMerge] = {}
         self.sources = range(partitions)  # the windows partitions: every key stage
+        self.idle_wait_s = idle_wait_s  # see VerdictMerge
+        self.clock = clock
         self.marked: list[str] = []  # jobs a mark let records go for (to save)
         self._releasing: set[str] = set()
         self.late = 0
@@ -264,12 +268,26 @@ class JobDetectors:
         nothing of verdicts on another, still unread, so it counts for that
         partition's jobs only.
         """
+        for job in sorted(self.merges):
+            if group is None or self.group_of.get(job) == group:
+                self.merges[job].mark(m.source, m.upto_ns)
+        return self._release_merged(group)
+
+    def waiting(self) -> bool:
+        """Staged: whether records wait for ``idle_wait_s`` to pass (see :meth:`poll`)."""
+        return any(m.waiting() for m in self.merges.values())
+
+    def poll(self) -> list[AnomalyEvent]:
+        """Staged: let go what waited long enough for key stages that are all idle
+        (``idle_wait_s``); the jobs it let records go for are added to ``marked``."""
+        return self._release_merged(None) if self.waiting() else []
+
+    def _release_merged(self, group: int | None) -> list[AnomalyEvent]:
         released = []
         for job in sorted(self.merges):
             if group is not None and self.group_of.get(job) != group:
                 continue
             merge = self.merges[job]
-            merge.mark(m.source, m.upto_ns)
             if items := merge.release():
                 released.append(items)
                 self.marked.append(job)
@@ -288,7 +306,7 @@ class JobDetectors:
     def _merged(self, record: Any, job: str, group: int, tag: Any) -> list[AnomalyEvent]:
         m = self.merges.get(job)
         if m is None:
-            m = self.merges[job] = VerdictMerge(self.sources)
+            m = self.merges[job] = VerdictMerge(self.sources, idle_wait_s=self.idle_wait_s, clock=self.clock)
         late = m.add(record, tag) and record.KIND == "key_verdict"
         events: list[AnomalyEvent] = []
         p = self.pipelines[job]
@@ -373,7 +391,8 @@ class JobDetectors:
             self._held.pop(job, None)
             self._held_t.pop(job, None)
         if "merge" in state:
-            self.merges[job] = VerdictMerge.from_state(state["merge"])
+            merge = self.merges[job] = VerdictMerge.from_state(state["merge"])
+            merge.idle_wait_s, merge.clock = self.idle_wait_s, self.clock
         else:
             self.merges.pop(job, None)
         p.observer = self._observer
@@ -983,6 +1002,12 @@ class StreamCore:
         out.records += records
         out.skipped += skipped
         if holds:
+            if isinstance(detectors, JobDetectors):  # staged: what waited out idle key stages
+                if events := detectors.poll():
+                    out.events += events
+                    touched.update(ev.job for ev in events)
+                touched.update(detectors.marked)
+                detectors.marked.clear()
             for key, msg in detectors.released_tags:
                 went(key, msg)
             detectors.released_tags.clear()

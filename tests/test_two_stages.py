@@ -191,6 +191,36 @@ def test_an_idle_key_stage_holds_nothing_back_until_it_marks_again():
     assert m.release() == []
 
 
+def test_with_every_key_stage_idle_what_is_held_goes_once_it_has_waited_idle_wait_s():
+    from ncclwatch.detectors.keys import VerdictMark
+    from ncclwatch.detectors.stream import JobDetectors
+
+    from ncclwatch.records import ThroughputRecord
+
+    now = [0.0]
+    m = VerdictMerge(["x", "y"], idle_wait_s=5.0, clock=lambda: now[0])
+    m.mark("x", None), m.mark("y", None)
+    m.add(_verdict("j", 5))
+    now[0] = 2.0
+    m.add(_verdict("j", 3))
+    assert (m.release(), m.waiting()) == ([], True)
+    now[0] = 5.0  # the first waited: it goes, and what is earlier with it
+    assert [v.end_ns for v in m.release()] == [3, 5]
+    m.add(_verdict("j", 9))
+    m.mark("x", 8)  # a key stage woke up: its mark bounds again, the wait is moot
+    assert not m.waiting() and m.release() == []
+
+    # a job with throughput and no NCCL windows at all is judged IDLE_AFTER_S late, not never
+    jd = JobDetectors(CFG, partitions=1, staged=True, idle_wait_s=5.0, clock=lambda: now[0])
+    t = ThroughputRecord(job="j", host="h", rank=0, ts_ns=10**9, step=1, tflops_per_gpu=100.0,
+                         tokens_per_s=None, source="api")
+    jd.process(t, 0)
+    jd.mark(VerdictMark(0, None), 0)
+    assert jd.waiting() and jd.poll() == [] and len(jd.merges["j"]) == 1
+    now[0] = 10.0
+    assert jd.poll() == [] and len(jd.merges["j"]) == 0 and jd.marked == ["j"]
+
+
 def test_a_mark_counts_for_the_jobs_of_the_verdicts_partition_it_was_read_on():
     # marks go to every verdicts partition after the verdicts sent there: one read on
     # partition 1 says nothing of verdicts still unread on partition 0
@@ -299,6 +329,57 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         for ev in before + after:
             first.setdefault(to_json(ev), ev)
         assert list(first.values()) == whole, cut
+
+
+@pytest.mark.parametrize("idle_wait_s", [5.0, 0.0])
+def test_a_job_stage_waits_for_key_stages_that_were_all_idle_before_letting_records_go(idle_wait_s):
+    # Key stages idle (nothing read for a while), then a job's records arrive at once
+    # (a forwarder draining its spill, a job starting on a quiet cluster): the job
+    # stage reads the job's throughput long before the key stages' first verdicts and
+    # marks. Let go at once, every verdict comes late and the throughput is judged
+    # without them; held while the key stages wake up, the events are the in-order ones.
+    from ncclwatch.detectors.keys import VerdictMark, encode_mark
+    from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
+    from ncclwatch.detectors.stream import JobDetectors, StreamCore
+
+    from ncclwatch.records import ThroughputRecord
+
+    records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
+    shards, batch = 2, 40
+    messages = _verdicts_topic(records, shards, lag_every=1)
+    kinds = {"v": STAGE_KINDS, "t": (ThroughputRecord, *TELEMETRY_KINDS)}
+    now = [0.0]
+
+    def core():
+        return StreamCore(JobDetectors(CFG, partitions=shards, staged=True, idle_wait_s=idle_wait_s,
+                                       clock=lambda: now[0]), lambda job: None)
+
+    def run(order):
+        c = core()
+        events = [ev for i in range(0, len(order), batch) for ev in c.handle(order[i:i + batch], kinds).events]
+        return events, c.detectors.late_verdicts()
+
+    in_order, late = run(messages)
+    assert late == 0 and sum(ev.state == "firing" for ev in in_order) >= 3
+
+    def idle(n: int) -> list:  # on the job's verdicts partition, apart from the verdicts' offsets
+        return [Message("v", 0, 10**6 + shards * n + i, None, encode_mark(VerdictMark(i, None)), 0)
+                for i in range(shards)]
+
+    throughput = [m for m in messages if m.topic == "t"]
+    verdicts = [m for m in messages if m.topic == "v"]
+    c, events = core(), []
+    for i in range(0, len(throughput), batch):
+        # the verdicts partition read to its end; the idle key stages' marks, twice a second
+        events += c.handle(throughput[i:i + batch], kinds, {("v", 0): False}).events
+        events += c.handle(idle(i), kinds).events
+        now[0] += 0.1
+    for i in range(0, len(verdicts), batch):
+        events += c.handle(verdicts[i:i + batch], kinds).events
+    if idle_wait_s:
+        assert (events, c.detectors.late_verdicts()) == (in_order, 0)
+    else:  # what the worker did before: the verdicts late, the events others
+        assert c.detectors.late_verdicts() > 0 and events != in_order
 
 
 def _save_states(table: dict, out) -> int:
