@@ -497,10 +497,15 @@ class Pipeline:
     @staticmethod
     def _slow_gpu_echo(job: JobState, inc: Incident) -> bool:
         """A link incident that a straggler begun no later explains: the late process is a
-        rank of every key of the incident, and an NVLink key it is in is degraded too. A
-        slower GPU (another process's kernels on it, lower clocks) runs its NCCL kernels
-        slower as well as its compute, so every collective it is in slows, NVLink ones
-        included; a slower network leaves NVLink-only keys alone."""
+        rank of every key of the incident, and an NVLink key it is in is degraded too, or
+        the job's other network keys, those without it, hold. A slower GPU (another
+        process's kernels on it, lower clocks) runs its NCCL kernels slower as well as its
+        compute, so every collective it is in slows, NVLink ones included; a slower
+        network leaves NVLink-only keys alone. A GPU slowed part of the time leaves its
+        NVLink keys' fastest transfers as fast as before (they read as waiting, not
+        degraded), but not the communicators without it: a network that slows slows
+        theirs too. Where every network key has the process, nothing tells the two
+        apart and the incident stands."""
         for s in job.incidents.values():
             if s.type != "straggler" or s.start_ns > inc.start_ns or s.rank is None:
                 continue
@@ -515,6 +520,11 @@ class Pipeline:
                 continue
             if any(v.transport == "nvlink" and degraded_now(v) and _has_process(v, host, proc)
                    for v in job.keys.values()):
+                return True
+            recent = job.watermark - job.lateness_ns - 2 * (job.window_ns or DEFAULT_WINDOW_NS)
+            without = [v for v in job.keys.values() if v.transport in NETWORK_TRANSPORTS and v.warm
+                       and v.last_end_ns >= recent and not _has_process(v, host, proc)]
+            if without and not any(degraded_now(v) for v in without):
                 return True
         return False
 

@@ -252,7 +252,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
     for half, heading in (("heldout_9", "Eleventh batch, fault kinds no batch had "
                                         "(a shared GPU, a stepped-down rate; "
-                                        "judged once by a97fccc: 2 of 6; 3 of 6 after)"),
+                                        "judged once by a97fccc: 2 of 6; 4 of 6 after)"),
                           ("heldout_8", "Tenth batch, steps longer than a window "
                                         "(judged once by 78f6cea: 2 of 4; now 3 of 4)"),
                           ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
@@ -337,7 +337,9 @@ A link incident whose every key has a straggler's process, with an NVLink key of
 process degraded too, is now that straggler's echo (a slower GPU runs its NCCL kernels
 slower, NVLink ones included; a slower network leaves those alone): the shared GPUs 2 and
 1 raise the straggler alone, 3 of 6 (GPU 0, hogged half the time, whose NVLink key held,
-still raises `network_path`). 74 of the 83 right.
+still raised `network_path`). Later, from that miss: the echo also holds where the job's
+network keys without the late process hold (a slower network slows them too), and GPU 0
+raises the straggler alone: 4 of 6, 75 of the 83 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
