@@ -576,6 +576,7 @@ class KeyView:
     __slots__ = (
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "rank_pid", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
+        "last_spread",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
         "spread_scores", "busy_log", "busy_n", "busy_recent",
     )
@@ -595,6 +596,7 @@ class KeyView:
         self.last_effect = 0.0
         self.last_observed: float | None = None
         self.closed_before = -(1 << 62)
+        self.last_spread = 0.0  # the last window's spread effect: how far its ranks wait for one
         idle = (False, 0, None, None)
         self.rule = RuleView(sustain, idle)
         self.spread_rule = RuleView(sustain, idle)
@@ -646,6 +648,7 @@ class KeyView:
         self.last_effect = v.effect
         self.last_observed = v.observed
         self.closed_before = v.closed_before
+        self.last_spread = v.spread_effect
         self.rule.firing, self.rule.streak, self.rule.start_ns, self.rule.end_ns = v.rule
         sr = self.spread_rule
         sr.firing, sr.streak, sr.start_ns, sr.end_ns = v.spread_rule
@@ -703,6 +706,7 @@ class KeyView:
             "last_effect": self.last_effect,
             "last_observed": self.last_observed,
             "closed_before": self.closed_before,
+            "last_spread": self.last_spread,
             "rule": self.rule.to_state(),
             "spread_rule": self.spread_rule.to_state(),
             "fire_streak": self.fire_streak.to_state(),
@@ -727,6 +731,7 @@ class KeyView:
         obj.last_effect = st["last_effect"]
         obj.last_observed = st["last_observed"]
         obj.closed_before = st["closed_before"]
+        obj.last_spread = st.get("last_spread", 0.0)  # absent before 2026-11-27 (evening)
         obj.rule = RuleView(sustain, tuple(st["rule"]))
         obj.spread_rule = RuleView(sustain, tuple(st["spread_rule"]))
         obj.fire_streak = Streak.from_state(st["fire_streak"])

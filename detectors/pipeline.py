@@ -354,7 +354,7 @@ class Pipeline:
         incident: ranks wait differently when the transfer itself slows, and that is
         one cause, not two.
         """
-        if self._link_trouble(job, ks.comm):
+        if self._link_trouble(job, ks.comm, self.cfg.straggler_score):
             return
         rank = sc.low_rank
         if rank is None or sc.low_streak < max(1, self.cfg.sustain_windows - 1):
@@ -465,7 +465,7 @@ class Pipeline:
         return inc
 
     @staticmethod
-    def _link_trouble(job: JobState, comm: str | None) -> bool:
+    def _link_trouble(job: JobState, comm: str | None, late: float) -> bool:
         """Most keys of ``comm`` are degraded or in a link incident: its transfers slowed.
 
         A late rank slows one or two of its communicator's operations (those right
@@ -474,7 +474,8 @@ class Pipeline:
         """
         keys = [k for k in job.keys.values() if k.comm == comm and k.warm]
         # a key whose ranks now wait for one of them is that rank's doing, not the link's
-        bad = sum((degraded_now(k) or k.incident is not None) and not rule_degraded(k.spread_rule) for k in keys)
+        bad = sum((degraded_now(k) or k.incident is not None) and not rule_degraded(k.spread_rule)
+                  and k.last_spread < late for k in keys)
         return bool(keys) and 2 * bad > len(keys)
 
     @staticmethod
@@ -583,7 +584,7 @@ class Pipeline:
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
             self._name_late_process(job, inc)
-            if self._link_trouble(job, inc.evidence.get("comm")) or self._echoed_links(job, inc):
+            if self._link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score) or self._echoed_links(job, inc):
                 return  # one cause: the link
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause

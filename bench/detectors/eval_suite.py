@@ -252,7 +252,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
     for half, heading in (("heldout_9", "Eleventh batch, fault kinds no batch had "
                                         "(a shared GPU, a stepped-down rate; "
-                                        "judged once by a97fccc: 2 of 6; 4 of 6 after)"),
+                                        "judged once by a97fccc: 2 of 6; 5 of 6 after)"),
                           ("heldout_8", "Tenth batch, steps longer than a window "
                                         "(judged once by 78f6cea: 2 of 4; now 3 of 4)"),
                           ("heldout_7", "Ninth batch, held out (judged once by 0bd73fc: 7 of 9)"),
@@ -339,7 +339,10 @@ slower, NVLink ones included; a slower network leaves those alone): the shared G
 1 raise the straggler alone, 3 of 6 (GPU 0, hogged half the time, whose NVLink key held,
 still raised `network_path`). Later, from that miss: the echo also holds where the job's
 network keys without the late process hold (a slower network slows them too), and GPU 0
-raises the straggler alone: 4 of 6, 75 of the 83 right.
+raises the straggler alone: 4 of 6. And a key whose ranks wait for one of them (its
+last spread effect over `straggler_score`) is not its communicator's link trouble even
+before its spread rule fires: through Inspector GPU 1's NVLink pair had held the
+straggler as link trouble until 9.9 s in, now 3.9 s: 5 of 6, 76 of the 83 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
