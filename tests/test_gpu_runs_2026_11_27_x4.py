@@ -228,6 +228,21 @@ def test_the_eleventh_batch_new_fault_kinds_after_the_change_it_led_to(rows):
     assert rows["i4-t-clean"]["got"] == "-", table
 
 
+def test_the_twelfth_batch_held_out_after_the_shared_gpu_changes(rows):
+    """Recorded after the two changes the eleventh batch led to (made on it after its
+    judgement), held out (plan u): GPUs shared 30 % and 50 % of the time, in 0.1-s and
+    2-s spells, through both profilers; a throttle, a straggler, clean. Judged once by
+    f125331: 6 of 6 (the code before the changes, b1b0d7a: 5 of 6, the Inspector
+    half-shared GPU also raised as network_path)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_10"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_10"]), table
+    for name, rank in (("p4-gpuhog-g3-0.3", 3), ("i4-gpuhog-g0-0.5", 0), ("i4-strag-r3-1.3x-u", 3)):
+        assert rows[name]["got"] == f"straggler rank {rank}", table
+        assert rows[name]["false_alerts"] == [] and rows[name]["delay_s"] <= 5.0, table
+    assert rows["p4-tc-20g-u"]["got"] == "network_path", table
+    assert rows["p4-gpuhog-g1-p2-dp64"]["got"] == rows["p4-u-clean"]["got"] == "-", table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

@@ -250,7 +250,9 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_9", "Eleventh batch, fault kinds no batch had "
+    for half, heading in (("heldout_10", "Twelfth batch, held out (shared GPUs of other shares and "
+                                         "periods, a throttle, a straggler; judged once by f125331: 6 of 6)"),
+                          ("heldout_9", "Eleventh batch, fault kinds no batch had "
                                         "(a shared GPU, a stepped-down rate; "
                                         "judged once by a97fccc: 2 of 6; 5 of 6 after)"),
                           ("heldout_8", "Tenth batch, steps longer than a window "
@@ -343,6 +345,13 @@ raises the straggler alone: 4 of 6. And a key whose ranks wait for one of them (
 last spread effect over `straggler_score`) is not its communicator's link trouble even
 before its spread rule fires: through Inspector GPU 1's NVLink pair had held the
 straggler as link trouble until 9.9 s in, now 3.9 s: 5 of 6, 76 of the 83 right.
+Those last two changes were made on the eleventh batch after its judgement, so a twelfth
+(plan `u`, held out) was recorded after them: GPU 3 shared 30 % of the time and GPU 0 half
+the time (through Inspector), GPU 1 half the time in 1-s spells on a data-parallel job
+that the share did not slow (−3.4 %, below the gate), a 20 Gbit/s throttle, a 1.3×
+straggler on rank 3 through Inspector, and clean. Judged once by f125331: **6 of 6**
+(the code before the two changes, b1b0d7a: 5 of 6, the Inspector half-shared GPU also
+raised as `network_path` 3.9 s in); 82 of the 89 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
