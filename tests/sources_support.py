@@ -1,6 +1,6 @@
 """Recordings laid out as NCCL Inspector and Megatron write them, from the drivers' spool.
 
-``write_inspector_run`` turns the synthetic 2-node job of ``drivers_support.write_spool``
+``write_inspector_run`` turns the synthetic 2-node job of ``ncclwatch_testkit.drivers.write_spool``
 (network path 35 % slower from second 40, throughput 13 % lower) into what a user with
 only NCCL Inspector has: ``<dump dir>/<host>-pid<pid>.log`` JSON-mode files (each dump
 starting with a ``dump_stats`` marker, as NCCL 2.30 writes them) and one Megatron-format
@@ -13,7 +13,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from drivers_support import write_spool
+from ncclwatch_testkit.drivers import write_spool
 
 from ncclwatch.records import parse_line
 

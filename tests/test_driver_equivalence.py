@@ -23,7 +23,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from drivers_support import (
+from ncclwatch.ingest.recording import order_key
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import (
     WorkerProcess,
     config_of,
     create_topics,
@@ -34,8 +36,6 @@ from drivers_support import (
     wait_consumed,
     write_spool,
 )
-from ncclwatch.ingest.recording import order_key
-from ncclwatch_testkit import services as testing
 
 from ncclwatch import cli
 from ncclwatch.records import to_json

@@ -6,7 +6,9 @@ import json
 import time
 
 import pytest
-from drivers_support import (
+from ncclwatch.ingest.recording import record_time_ns
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import (
     WorkerProcess,
     committed,
     config_of,
@@ -22,8 +24,6 @@ from drivers_support import (
     wait_consumed,
     window_scenario,
 )
-from ncclwatch.ingest.recording import record_time_ns
-from ncclwatch_testkit import services as testing
 
 from ncclwatch.records import DropRecord, to_json
 

@@ -317,7 +317,8 @@ def _in_time_order(names) -> list:
 def pipeline(kafka_bootstrap, tmp_path_factory) -> dict:
     """The recordings through ``ncclwatch forward --once`` into fresh topics, and what
     the forwarder published there through one ``ncclwatch worker``."""
-    from drivers_support import (
+    from ncclwatch_testkit import services as testing
+    from ncclwatch_testkit.drivers import (
         WorkerProcess,
         config_of,
         create_topics,
@@ -325,7 +326,6 @@ def pipeline(kafka_bootstrap, tmp_path_factory) -> dict:
         read_topic,
         topics_env,
     )
-    from ncclwatch_testkit import services as testing
 
     from ncclwatch.records import to_json
 

@@ -93,10 +93,10 @@ def _identity(e: dict) -> tuple:
 def worker_events(kafka_bootstrap, tmp_path_factory) -> dict:
     """Every run through its own ``ncclwatch forward --once`` into fresh topics, then one
     ``ncclwatch worker`` over them; and local mode over the same runs."""
-    from drivers_support import recorded_runs_through_worker
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker
 
     return recorded_runs_through_worker(kafka_bootstrap, tmp_path_factory.mktemp("gpu-runs"),
-                                        [FIXTURES / f"{n}.tar.gz" for n in ALL])
+                                        [FIXTURES / f"{n}.tar.gz" for n in ALL], eval_gpu_runs.sources)
 
 
 @pytest.mark.kafka

@@ -137,9 +137,10 @@ KAFKA_RUNS = ("n-nvlink-1x1", "n-nvlink-4x2", "p-tc-pulse-12g", "i-tc-pulse-16g"
 def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     """The changes of this day (the transfer check in the key stage, reopening and the
     throughput look-back in the job stage) hold on the cluster path, event for event."""
-    from drivers_support import recorded_runs_through_worker, worker_and_local
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
 
-    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in KAFKA_RUNS])
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in KAFKA_RUNS],
+                                       eval_gpu_runs.sources)
 
     worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])

@@ -57,9 +57,10 @@ def test_the_recordings_carry_send_and_recv(name, tmp_path):
 @pytest.mark.kafka
 def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     """Send/Recv windows take the cluster path (forward -> Kafka -> worker) as well."""
-    from drivers_support import recorded_runs_through_worker, worker_and_local
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
 
-    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, sorted(FIXTURES.glob("*.tar.gz")))
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, sorted(FIXTURES.glob("*.tar.gz")),
+                                       eval_gpu_runs.sources)
 
     worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])

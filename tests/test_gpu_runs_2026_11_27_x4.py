@@ -267,11 +267,11 @@ def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     """The scores and busy times the job stage compares travel in the key verdicts: the
     cluster path (forward -> Kafka -> worker) names the same process (by GPU; by process
     id through Inspector), and finds every rank slower to be the job's own drop."""
-    from drivers_support import recorded_runs_through_worker, worker_and_local
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
 
     runs = [FIXTURES / f"{n}.tar.gz"
             for n in ("p4-strag-r2-1.3x", "p4-tc-16g", "i4-slow-all-1.3x", "i4-strag-r0-1.3x")]
-    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, runs)
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, runs, eval_gpu_runs.sources)
 
     worker, local = worker_and_local(got)
     assert worker == local, (worker, local, got["log"][-3000:])

@@ -51,7 +51,7 @@ LAYERS: dict[str, int] = {
     # recording), outside the product; every ncclwatch_testkit module is in this layer
     "ncclwatch_testkit": SUPPORT, "ncclwatch_testkit.services": SUPPORT,
     "ncclwatch_testkit.scenarios": SUPPORT, "ncclwatch_testkit.synth": SUPPORT,
-    "ncclwatch_testkit.demo": SUPPORT,
+    "ncclwatch_testkit.demo": SUPPORT, "ncclwatch_testkit.drivers": SUPPORT,
 }
 # Library components may use the contract and their own modules; sinks may also read the
 # detector library's results (e.g. the report's per-rank relative exec time).

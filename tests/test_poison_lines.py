@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
-from drivers_support import (
+from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message
+from ncclwatch.ingest.forward import Forwarder, Options
+from ncclwatch.ingest.metrics import ForwarderMetrics
+from ncclwatch.ingest.parse import parse
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import (
     WorkerProcess,
     config_of,
     create_topics,
@@ -25,11 +30,6 @@ from drivers_support import (
     window_scenario,
     write_spool,
 )
-from ncclwatch.detectors.messages import DETECTOR_KINDS, Message, decode_message
-from ncclwatch.ingest.forward import Forwarder, Options
-from ncclwatch.ingest.metrics import ForwarderMetrics
-from ncclwatch.ingest.parse import parse
-from ncclwatch_testkit import services as testing
 from ncclwatch_testkit.synth import stream_lines
 from ncclwatch_testkit.synth import write_spool as synth_spool
 from test_ingest_forward_kafka import consume, make_cfg, records_of

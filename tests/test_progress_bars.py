@@ -14,7 +14,7 @@ import termios
 from pathlib import Path
 
 import pytest
-from drivers_support import write_spool
+from ncclwatch_testkit.drivers import write_spool
 
 pytest.importorskip("tqdm")
 

@@ -6,7 +6,10 @@ import json
 import time
 
 import pytest
-from drivers_support import (
+from ncclwatch.ingest.external_sort import ExternalSort
+from ncclwatch.ingest.recording import record_time_ns
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import (
     WorkerProcess,
     config_of,
     create_topics,
@@ -18,9 +21,6 @@ from drivers_support import (
     topics_env,
     window_scenario,
 )
-from ncclwatch.ingest.external_sort import ExternalSort
-from ncclwatch.ingest.recording import record_time_ns
-from ncclwatch_testkit import services as testing
 
 from ncclwatch import cli
 from ncclwatch.records import to_json

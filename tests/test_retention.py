@@ -11,10 +11,10 @@ topic creation under a test configuration.
 from __future__ import annotations
 
 import pytest
-from drivers_support import config_of, topics_env
 from ncclwatch.detectors import faust_app
 from ncclwatch.ingest import kafka_sink
 from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import config_of, topics_env
 
 pytestmark = pytest.mark.kafka
 
@@ -55,7 +55,7 @@ def test_replay_creates_its_target_topics_so_that_they_never_expire(kafka_bootst
                                                                      monkeypatch):
     """``replay --to-topic`` / ``--to-kafka`` into topics that do not exist yet: the broker
     would auto-create them with its default 7-day retention and delete the old records."""
-    from drivers_support import window_scenario
+    from ncclwatch_testkit.drivers import window_scenario
 
     from ncclwatch import cli
     from ncclwatch.records import to_json

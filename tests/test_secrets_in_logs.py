@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from drivers_support import WorkerProcess, create_topics, publish, topics_env, window_scenario, write_spool
 from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import WorkerProcess, create_topics, publish, topics_env, window_scenario, write_spool
 
 pytestmark = pytest.mark.kafka
 

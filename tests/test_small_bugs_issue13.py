@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from drivers_support import T0_NS, _op, write_spool
 from ncclwatch.dashboards.report import load as load_report
 from ncclwatch.detectors.labels import LabelSet
+from ncclwatch_testkit.drivers import T0_NS, _op, write_spool
 from sources_support import write_inspector_run
 
 from ncclwatch import cli

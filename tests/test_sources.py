@@ -12,11 +12,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from drivers_support import _op
 from ncclwatch.detectors import watch
 from ncclwatch.detectors.watch import Watch
 from ncclwatch.ingest.live import LiveSources
 from ncclwatch.ingest.recording import Options, ReadStats, RecordingError, read_recording
+from ncclwatch_testkit.drivers import _op
 from sources_support import inspector_line, write_inspector_run
 
 from ncclwatch import cli

@@ -13,7 +13,11 @@ import contextlib
 import time
 
 import pytest
-from drivers_support import (
+from ncclwatch.detectors.drain import KafkaOffsets
+from ncclwatch.detectors.messages import STAGE_KINDS, Message, decode_message
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit import stages
+from ncclwatch_testkit.drivers import (
     WorkerProcess,
     config_of,
     create_topics,
@@ -26,10 +30,6 @@ from drivers_support import (
     topics_env,
     wait_consumed,
 )
-from ncclwatch.detectors.drain import KafkaOffsets
-from ncclwatch.detectors.messages import STAGE_KINDS, Message, decode_message
-from ncclwatch_testkit import services as testing
-from ncclwatch_testkit import stages
 
 pytestmark = pytest.mark.kafka
 

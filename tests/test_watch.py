@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from drivers_support import write_spool
+from ncclwatch_testkit.drivers import write_spool
 
 from ncclwatch import cli
 from ncclwatch.records import parse_line

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from drivers_support import (
+from ncclwatch.detectors.faust_app import DEFAULT_APP_ID
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.drivers import (
     committed,
     config_of,
     create_topics,
@@ -24,8 +26,6 @@ from drivers_support import (
     reference_events,
     window_scenario,
 )
-from ncclwatch.detectors.faust_app import DEFAULT_APP_ID
-from ncclwatch_testkit import services as testing
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Recorded GPU runs through the cluster path and through local mode: the same events?
 
 Each run goes through its own ``ncclwatch forward --once`` into fresh topics, then one
-``ncclwatch worker`` over them (``tests/drivers_support.recorded_runs_through_worker``,
+``ncclwatch worker`` over them (``ncclwatch_testkit.drivers.recorded_runs_through_worker``,
 which ``tests/test_gpu_runs_*.py`` use on a few runs each); local mode reads the same
 records. Prints the event counts and whether they are equal, event for event (id, type,
 state, attribution, start, severity, rank, communicator). Needs the project's Kafka
@@ -17,10 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench" / "detectors"))
-from drivers_support import recorded_runs_through_worker, worker_and_local  # noqa: E402
+import eval_gpu_runs  # this directory, on sys.path as the script's own
+from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run archives (*.tar.gz)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        got = recorded_runs_through_worker(args.bootstrap, Path(tmp), args.runs)
+        got = recorded_runs_through_worker(args.bootstrap, Path(tmp), args.runs, eval_gpu_runs.sources)
     worker, local = worker_and_local(got)
     print(f"runs {len(args.runs)}, worker events {len(worker)}, local events {len(local)}, "
           f"equal: {worker == local}")

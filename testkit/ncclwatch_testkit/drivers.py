@@ -14,18 +14,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ncclwatch.detectors.stream import JobDetectors, KeyDetectors, job_partition
 from ncclwatch.ingest.recording import order_key, record_time_ns
-from ncclwatch_testkit import services as testing
-from ncclwatch_testkit.synth import op_record
 
 from ncclwatch import routing
 from ncclwatch.config import TOPIC_NAME_FIELDS, load
 from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
 from ncclwatch.rules import bandwidths_gbs
+from ncclwatch_testkit import services as testing
+from ncclwatch_testkit.synth import op_record
 
 T0_NS = 1_763_800_000 * 10**9  # a whole second, so windows line up with the generator's
 
@@ -435,15 +436,16 @@ def window_scenario(
     return out
 
 
-def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list[Path]) -> dict:
+def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list[Path],
+                                 sources: Callable[[Path], tuple[list, Any]]) -> dict:
     """Recorded GPU runs (``bench/scenarios`` archives) the way a cluster sees them: each
     through its own ``ncclwatch forward --once`` (its spool, or Inspector logs + training
     logs) into fresh topics, then one ``ncclwatch worker`` over them; and local mode over
-    the same records. Returns the worker's events, local mode's per job, the unpacked
-    runs' directory and the worker's log."""
+    the same records. ``sources``: a run directory's sources and read options
+    (``bench/detectors/eval_gpu_runs.sources``). Returns the worker's events, local
+    mode's per job, the unpacked runs' directory and the worker's log."""
     import tarfile
 
-    import eval_gpu_runs  # bench/detectors, on sys.path in the modules that use this
     from ncclwatch.detectors import watch
     from ncclwatch.ingest.recording import ReadStats, read_recording
 
@@ -460,7 +462,7 @@ def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list
     # reach the worker with its time running backwards).
     for name in sorted(names, key=lambda n: json.loads((tmp / n / "run.json").read_text())["launched_ns"]):
         run = tmp / name
-        srcs, options = eval_gpu_runs.sources(run)
+        srcs, options = sources(run)
         records += read_recording(srcs, ReadStats(), options)
         args = ["--state-dir", str(tmp / "state" / name), "--node-id", "gpu-box",
                 "--no-delete-acked", "--compression", "gzip", "--metrics-port", "-1"]
