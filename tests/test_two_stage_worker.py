@@ -84,6 +84,14 @@ def staged_run(kafka_bootstrap, tmp_path_factory):
     }
 
 
+@pytest.fixture(autouse=True)
+def _worker_logs(staged_run):
+    # Shown in full (pytest prints a failing test's captured output; an assertion message
+    # is cut to a few lines): this module's rare failures come from timing around the
+    # rebalance, and only the workers' own lines say what happened.
+    print(staged_run["logs"])
+
+
 def _records_done(output: str) -> int:
     import re
 
