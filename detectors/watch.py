@@ -530,6 +530,12 @@ def _tail(
     save_due = _every(args.save_every_s)
     tick_due = _every(1.0)
     print(f"watching {live.describe()}", file=watch.out, flush=True)
+    for where, n in sorted(live.prom_files().items()):
+        # Inspector's Prometheus mode keeps means over >= 30 s, no operations: only the
+        # forwarder maps them (to windows); say so rather than show zeros
+        print(f"note: {where} holds {n} NCCL Inspector Prometheus file(s) (*.prom), which watch does "
+              f"not read; `ncclwatch forward --inspector-dir {where}` sends them to the cluster path, "
+              "and Inspector's JSON output (*.log) is what watch reads", file=sys.stderr, flush=True)
 
     def feed(items: list) -> None:
         for line, rec in items:

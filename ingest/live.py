@@ -15,6 +15,7 @@ their merged series is one), ``record`` may be a :class:`~ncclwatch.records.Quar
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import time
@@ -68,6 +69,17 @@ class LiveSources:
         self._megatron = MegatronFlops()  # the arguments rank 0's log printed, for every rank's
         self._inspector_jobs: dict[str, str] = {}
         self.skipped: dict[str, int] = {}
+
+    def prom_files(self) -> dict[str, int]:
+        """NCCL Inspector Prometheus files (``*.prom``) in the watched directories or one
+        level below, per directory: local mode does not read them (see ``watch``)."""
+        found: dict[str, int] = {}
+        for d in ([self.spool] if self.spool else []) + self.inspector_dirs:
+            for pattern in ("*.prom", "*/*.prom"):
+                for path in glob.glob(os.path.join(glob.escape(d), pattern)):
+                    parent = os.path.dirname(path)
+                    found[parent] = found.get(parent, 0) + 1
+        return found
 
     def describe(self) -> str:
         parts = [self.spool] if self.spool else []

@@ -172,3 +172,23 @@ def test_the_events_file_is_private_whatever_the_umask(tmp_path):
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o600
     assert out.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_watch_says_it_does_not_read_inspector_prometheus_files(tmp_path, capsys):
+    # Inspector's Prometheus mode (*.prom: means over >= 30 s) is read by the forwarder
+    # only; watch pointed at such a dump must say so, not show zeros in silence
+    import shutil
+
+    dump = tmp_path / "nccl-inspector-77"
+    dump.mkdir()
+    prom = Path(__file__).parent / "fixtures" / "inspector"
+    for f in prom.glob("*.prom"):
+        shutil.copy(f, dump)
+    for where in (tmp_path, dump):
+        assert cli.main(["watch", str(where), "--once", "--metrics-port", "-1", "--job", "j"]) == 0
+        err = capsys.readouterr().err
+        assert f"note: {dump} holds 1 NCCL Inspector Prometheus file(s)" in err
+        assert f"ncclwatch forward --inspector-dir {dump}" in err
+    (tmp_path / "elsewhere").mkdir()
+    assert cli.main(["watch", str(tmp_path / "elsewhere"), "--once", "--metrics-port", "-1", "--job", "j"]) == 0
+    assert "Prometheus" not in capsys.readouterr().err
