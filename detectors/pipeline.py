@@ -97,6 +97,12 @@ class JobState:
         # firing again reopens.
         self.resolved: dict[tuple[str, str], Incident] = {}
 
+    @property
+    def recent_ns(self) -> int:
+        """How long ago a key's last window may have ended and still say how it is now
+        (a stalled or finished key says nothing)."""
+        return self.lateness_ns + 2 * self.window_ns
+
     def find(self, type_: str, scope: str | None) -> Incident | None:
         for inc in self.incidents.values():
             if inc.type == type_ and (scope is None or inc.scope == scope):
@@ -522,9 +528,9 @@ class Pipeline:
             if any(v.transport == "nvlink" and degraded_now(v) and _has_process(v, host, proc)
                    for v in job.keys.values()):
                 return True
-            recent = job.watermark - job.lateness_ns - 2 * (job.window_ns or DEFAULT_WINDOW_NS)
+            since = job.watermark - job.recent_ns
             without = [v for v in job.keys.values() if v.transport in NETWORK_TRANSPORTS and v.warm
-                       and v.last_end_ns >= recent and not _has_process(v, host, proc)]
+                       and v.last_end_ns >= since and not _has_process(v, host, proc)]
             if without and not any(degraded_now(v) for v in without):
                 return True
         return False
@@ -635,7 +641,7 @@ class Pipeline:
         rise = self.cfg.link_share_rise
         if rise <= 0 or drop <= 0:
             return False
-        fresh = job.watermark - job.lateness_ns - 2 * job.window_ns
+        fresh = job.watermark - job.recent_ns
         usual = recent = share = 0.0
         for view in job.keys.values():
             # Every key of the class, not an incident's members alone: a slower path costs
@@ -683,7 +689,7 @@ class Pipeline:
         dipping while the network keys hold.
         """
         now = job.watermark
-        recent = job.lateness_ns + 2 * job.window_ns
+        recent = job.recent_ns
         # Keys that were degraded well before this incident began are another story.
         since = inc.start_ns - self._early_span_ns(job)
         nv_bad = nv_ok = net_bad = net_ok = 0
@@ -1006,7 +1012,7 @@ class Pipeline:
         d = None if since is None else tp.delta(since, job.watermark)
         alike: dict[bool, bool] = {}  # per class, asked only of a degraded key (a scan each)
         now = job.watermark
-        recent = job.lateness_ns + 2 * job.window_ns
+        recent = job.recent_ns
         for ks in job.keys.values():
             if ks.incident in excused:
                 continue
