@@ -21,6 +21,13 @@ between pretend nodes, is emulated the ways that machine allows:
 ``GpuHog`` is not a network fault: another process computing on one GPU, which the job's
 processes there then share.
 
+Intra-node trouble, where the GPUs of a node talk through host memory instead of NVLink
+(``NCCL_P2P_DISABLE=1``: NCCL's SHM transport, as on PCIe-only nodes or when peer access
+fails): ``PcieContention`` copies between pinned host memory and one GPU in both
+directions, taking that GPU's PCIe link from the SHM transport's copies;
+``HostMemoryHog`` copies big host buffers on several threads, taking memory bandwidth
+from the SHM transport's staging buffers.
+
 A straggler needs no injector here: the job reads ``straggler.json`` in its control
 directory (see ``train_job.py``).
 
@@ -412,6 +419,63 @@ while True:
 """
 
 
+# The PCIe hog: pinned host memory <-> one GPU, ``streams`` copy streams each way.
+_PCIE_COPIER = r"""
+import sys, torch
+gpu, streams, mib = (int(a) for a in sys.argv[1:4])
+n = mib << 20
+torch.cuda.set_device(gpu)
+work = []
+for _ in range(streams):
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+    work.append((torch.cuda.Stream(), d, h))  # host -> GPU
+    h2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    d2 = torch.empty(n, dtype=torch.uint8, device=f"cuda:{gpu}")
+    work.append((torch.cuda.Stream(), h2, d2))  # GPU -> host
+for s, y, x in work:
+    with torch.cuda.stream(s):
+        y.copy_(x, non_blocking=True)
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+copies = 0
+while True:
+    for s, y, x in work:
+        with torch.cuda.stream(s):
+            for _ in range(4):
+                y.copy_(x, non_blocking=True)
+    for s, _, _ in work:
+        s.synchronize()
+    copies += 4 * len(work)
+    print("copied", copies * n, flush=True)
+"""
+
+# The host memory hog: threads copying big host buffers (numpy releases the GIL in copies).
+_HOST_MEMORY_HOG = r"""
+import sys, threading, numpy as np
+threads, mib = int(sys.argv[1]), int(sys.argv[2])
+bufs = [(np.ones(mib << 17), np.empty(mib << 17)) for _ in range(threads)]  # float64: mib MiB each
+done = [0] * threads
+go = threading.Event()
+def work(i):
+    a, b = bufs[i]
+    go.wait()
+    while True:
+        np.copyto(b, a)
+        done[i] += 1
+for i in range(threads):
+    threading.Thread(target=work, args=(i,), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+go.set()
+import time
+while True:
+    time.sleep(1.0)
+    print("copied", sum(done) * (mib << 20), flush=True)
+"""
+
+
 class GoProcess:
     """A Python child that sets up (CUDA start-up takes seconds), prints ``ready``, waits
     for ``go`` on stdin, then works, printing ``<counter> <n>`` lines, until terminated."""
@@ -609,3 +673,63 @@ class Pulsed(LoopInjector):
         inner = self.inner.describe()
         return {**inner, "injector": f"pulsed-{inner['injector']}", "on_s": self.on_s,
                 "off_s": self.off_s, "on_spans_ns": self.spans}
+
+
+@dataclass
+class PcieContention(GoInjector):
+    """Another process copying pinned host memory to and from GPU ``gpu`` (``streams``
+    streams each way, ``mib`` MiB per copy): that GPU's PCIe link is shared, which slows
+    NCCL only where it moves data through host memory (the SHM and socket transports).
+    :meth:`prepare` starts the process, :meth:`start` lets it copy."""
+
+    gpu: int = 0
+    streams: int = 2
+    mib: int = 256
+    python: str = "python3"
+    _child: GoProcess | None = field(default=None, repr=False)
+    bytes_moved: int = 0
+    gbs: float = 0.0
+    error: str = ""
+
+    SCRIPT, WHAT, COUNTER = _PCIE_COPIER, "PCIe copier", "copied "
+
+    def _args(self) -> list:
+        return [self.gpu, self.streams, self.mib]
+
+    def _done(self, value: int, elapsed: float) -> None:
+        self.bytes_moved = value
+        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
+
+    def describe(self) -> dict:
+        return {"injector": "pcie", "gpu": self.gpu, "streams_per_direction": self.streams,
+                "mib_per_copy": self.mib, "bytes_moved_at_least": self.bytes_moved,
+                "competing_gbs_at_least": self.gbs, "error": self.error}
+
+
+@dataclass
+class HostMemoryHog(GoInjector):
+    """Another process copying ``mib``-MiB host buffers on ``threads`` threads: host
+    memory bandwidth shared with NCCL's SHM transport. :meth:`prepare` allocates,
+    :meth:`start` lets it copy."""
+
+    threads: int = 8
+    mib: int = 256
+    python: str = "python3"
+    _child: GoProcess | None = field(default=None, repr=False)
+    bytes_moved: int = 0
+    gbs: float = 0.0
+    error: str = ""
+
+    SCRIPT, WHAT, COUNTER = _HOST_MEMORY_HOG, "host memory hog", "copied "
+
+    def _args(self) -> list:
+        return [self.threads, self.mib]
+
+    def _done(self, value: int, elapsed: float) -> None:
+        self.bytes_moved = value
+        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
+
+    def describe(self) -> dict:
+        return {"injector": "membw", "threads": self.threads, "mib_per_buffer": self.mib,
+                "bytes_copied_at_least": self.bytes_moved, "copy_gbs_at_least": self.gbs,
+                "error": self.error}

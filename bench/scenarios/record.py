@@ -2,7 +2,7 @@
 
 Sub-commands (each run goes into ``--out/<name>/``, and ``--tar`` packs it)::
 
-    record.py run --scenario clean|congestion|nvlink|straggler --name NAME ...
+    record.py run --scenario clean|congestion|nvlink|intra|straggler|gpuhog --name NAME ...
     record.py calibrate ...      # one run stepping through injector settings
     record.py suite ...          # what the GPU call runs: calibrate, then the three runs
 
@@ -123,6 +123,13 @@ class Run:
             plugin = Path(args.plugin) if args.plugin else (PLUGIN if PLUGIN.exists() else None)
         self.env = job_env(self.dir, self.job_id, make_shim(Path(args.shim)), plugin,
                            args.profiler)
+        for setting in args.nccl_env:
+            name, sep, value = setting.partition("=")
+            if not (sep and name.startswith("NCCL_") and name[5:].replace("_", "").isalnum()):
+                raise ValueError(f"--nccl-env takes NCCL_NAME=VALUE, got {setting!r}")
+            if name == "NCCL_NVLS_ENABLE":
+                raise ValueError("NCCL_NVLS_ENABLE stays 0 on shared machines")
+            self.env[name] = value
         self.plugin = plugin
         self.cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -229,8 +236,9 @@ class Run:
         ``nvlink:streams=2,mib=256,both=1`` or ``pulse:on=4,off=4+tc:rate=12gbit,dev=lo``
         (``pulse`` switches the rest on and off), ``netem:delay=500us,dev=lo``,
         ``netem:loss=1%,dev=lo``, ``ramp:rates=48gbit/32gbit/20gbit/12gbit,step=5,dev=lo``
-        (a tbf rate stepped down every ``step`` s) or ``gpuhog:gpu=2,duty=1.0`` (another
-        process's matmuls on GPU 2)."""
+        (a tbf rate stepped down every ``step`` s), ``gpuhog:gpu=2,duty=1.0`` (another
+        process's matmuls on GPU 2), ``pcie:gpu=0,streams=2,mib=256`` (another process's
+        host <-> GPU 0 copies) or ``membw:threads=8,mib=256`` (host memory copies)."""
         parts = []
         pulse = None
         pids = [self.ranks[r]["pid"] for r in self.network_ranks()]
@@ -270,6 +278,12 @@ class Run:
                 parts.append(faults.NvlinkContention(
                     int(kv.get("src", 0)), int(kv.get("dst", 1)), int(kv.get("streams", 2)),
                     int(kv.get("mib", 256)), kv.get("both", "1") == "1", sys.executable))
+            elif kind == "pcie":
+                parts.append(faults.PcieContention(int(kv.get("gpu", 0)), int(kv.get("streams", 2)),
+                                                   int(kv.get("mib", 256)), sys.executable))
+            elif kind == "membw":
+                parts.append(faults.HostMemoryHog(int(kv.get("threads", 8)), int(kv.get("mib", 256)),
+                                                  sys.executable))
             elif kind == "pulse":
                 pulse = (float(kv.get("on", 4)), float(kv.get("off", 4)))
             else:
@@ -407,7 +421,7 @@ class Run:
             "command": shlex.join(self.cmd), "driver": shlex.join(sys.argv),
             "host": hostname, "launched_ns": self.t_launch_ns, "ready_ns": self.ready_ns,
             "rc": self.rc, "plugin": str(self.plugin) if self.plugin else None,
-            "profiler": self.args.profiler,
+            "profiler": self.args.profiler, "nccl_env": list(self.args.nccl_env),
             "socket": self.socket_address(), "ranks": self.ranks, "comms": comms,
             "injections": self.injections, "steps": len(steps),
             "tflops_per_gpu_median": statistics.median(s["tflops_per_gpu"] for s in steps)
@@ -462,7 +476,7 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
             run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
                        {"type": "network_path", "attribution": "network", "global_rank": None,
                         "injector": args.injector})
-        elif scenario == "nvlink":
+        elif scenario in ("nvlink", "intra"):
             injector = run.congestion(args.injector)
             for part in getattr(injector, "parts", [injector]):
                 if hasattr(part, "prepare"):
@@ -608,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("command", choices=("run", "calibrate", "suite"))
     p.add_argument("--scenario", default="clean",
-                   choices=("clean", "congestion", "nvlink", "straggler", "gpuhog"))
+                   choices=("clean", "congestion", "nvlink", "intra", "straggler", "gpuhog"))
     p.add_argument("--scenarios", nargs="+", default=["clean", "congestion", "straggler"])
     p.add_argument("--name")
     p.add_argument("--out", default="/tmp/ncclwatch-runs")
@@ -630,6 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--injector", default="cpu:k=2")
     p.add_argument("--straggler-rank", default="1",
                    help="global rank(s), comma-separated: both processes of a GPU make it slow")
+    p.add_argument("--nccl-env", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="NCCL_* settings for the job, e.g. NCCL_P2P_DISABLE=1 (intra-node traffic "
+                        "through host memory: NCCL's SHM transport)")
     p.add_argument("--profiler", choices=("ncclwatch", "inspector", "none"), default="ncclwatch")
     p.add_argument("--inspector-plugin", default="",
                    help="NCCL Inspector's libnccl-profiler-inspector.so (--profiler inspector)")
