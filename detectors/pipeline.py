@@ -501,8 +501,8 @@ class Pipeline:
             and any(_has_process(job.keys.get(m[:4]), host, proc) for m in o.members)
         ]
 
-    @staticmethod
-    def _slow_gpu_echo(job: JobState, inc: Incident) -> bool:
+    @classmethod
+    def _slow_gpu_echo(cls, job: JobState, inc: Incident, late: float) -> bool:
         """A link incident that a straggler begun no later explains: the late process is a
         rank of every key of the incident, and an NVLink key it is in is degraded too, or
         the job's other network keys, those without it, hold. A slower GPU (another
@@ -512,9 +512,15 @@ class Pipeline:
         NVLink keys' fastest transfers as fast as before (they read as waiting, not
         degraded), but not the communicators without it: a network that slows slows
         theirs too. Where every network key has the process, nothing tells the two
-        apart and the incident stands."""
+        apart and the incident stands.
+
+        A straggler that its own communicator's link trouble holds back
+        (:meth:`_link_trouble`, ``late`` as there) explains nothing: it is the link's
+        echo, and taking the link incident for its echo in turn would hold both."""
         for s in job.incidents.values():
             if s.type != "straggler" or s.start_ns > inc.start_ns or s.rank is None:
+                continue
+            if not s.confirmed and cls._link_trouble(job, s.evidence.get("comm"), late):
                 continue
             # its key, or (one named across keys) a key of the communicator it names
             named = _named_key(job, s) or next(
@@ -579,7 +585,7 @@ class Pipeline:
         if inc.type in LINK_TYPES:
             if not self._reattribute(job, inc):
                 return
-            if self._slow_gpu_echo(job, inc):
+            if self._slow_gpu_echo(job, inc, cfg.straggler_score):
                 return  # the straggler's GPU slows its own transfers too: one cause
             if loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0]):
                 return  # the job's own slowdown (throughput_drop), not its links'
@@ -633,7 +639,10 @@ class Pipeline:
         their bus bandwidth falls as much as the job's speed, yet their share holds
         (``e = b``). So the class slowed alike when its share rose by less than
         ``link_share_rise * drop``: its keys account for less than ``1 + link_share_rise``
-        times their usual share of the lost time. Only where the check can tell: the
+        times their usual share of the lost time, and for less than halfway from that
+        share to all of it (``e < (1 + b) / 2``: where the class is most of a step, as in a
+        communication-bound job, ``(1 + link_share_rise) * b`` would be most of the way
+        to a link fault's ``e = 1``). Only where the check can tell: the
         class has keys with a share baseline, reporting now, whose usual shares add up to
         at most ``1 / (1 + link_share_rise)`` (beyond it a slower link moves the share too
         little to see).
@@ -656,7 +665,8 @@ class Pipeline:
             share += b / view.window_ns
         if not usual or share > 1.0 / (1.0 + rise):
             return False
-        return recent / usual < 1.0 + rise * drop
+        # e < (1 + b) / 2 is a share rise under drop * (1 - b) / (2 * b)
+        return recent / usual < 1.0 + min(rise, (1.0 - share) / (2.0 * share)) * drop
 
     def _excused(self, job: JobState, inc: Incident) -> bool:
         """A quiet incident that is not NCCL's trouble: a link incident whose class slowed
