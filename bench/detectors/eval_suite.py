@@ -250,7 +250,13 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_10", "Twelfth batch, held out (shared GPUs of other shares and "
+    for half, heading in (("heldout_12", "Fifteenth batch, held out after those changes "
+                                         "(judged once by c5a3f80: 6 of 6; the code before them the same)"),
+                          ("tune_3", "Fourteenth batch, intra-node faults of a communication-bound job "
+                                     "(judged once by 81b73bd: 3 of 6; 5 of 6 after the two changes it led to)"),
+                          ("heldout_11", "Thirteenth batch, held out: intra-node faults through host memory "
+                                         "(judged once by 81b73bd: 6 of 6)"),
+                          ("heldout_10", "Twelfth batch, held out (shared GPUs of other shares and "
                                          "periods, a throttle, a straggler; judged once by f125331: 6 of 6)"),
                           ("heldout_9", "Eleventh batch, fault kinds no batch had "
                                         "(a shared GPU, a stepped-down rate; "
@@ -270,8 +276,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """83 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,t}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """107 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,x}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -352,6 +358,18 @@ that the share did not slow (−3.4 %, below the gate), a 20 Gbit/s throttle, a 
 straggler on rank 3 through Inspector, and clean. Judged once by f125331: **6 of 6**
 (the code before the two changes, b1b0d7a: 5 of 6, the Inspector half-shared GPU also
 raised as `network_path` 3.9 s in); 82 of the 89 right.
+Three batches of intra-node faults followed (plans `v`, `w`, `x`; NVLink cannot be slowed
+on these H100s, so the GPUs of a node talk through host memory, `NCCL_P2P_DISABLE=1`, and
+another process's PCIe copies on one GPU or host-memory copies slow that transport). The
+thirteenth, held out, judged once by 81b73bd: 6 of 6 (on the default job only one fault
+cost the gate). The fourteenth, on a communication-bound job: 3 of 6 as first judged — a
+29 % loss through Inspector never raised (a straggler held as link trouble and the link
+incident held as its echo, each waiting for the other), a 5.2-s `intra_node` (the share
+check's margin, most of the way to a link fault's share rise where NCCL is 69 % of a
+step) — and 5 of 6 after the two changes these led to; the miss is a host-wide slowdown
+of the loopback "network" on two pretend nodes, raised as `network_path` before
+`intra_node`. The fifteenth, held out after them: 6 of 6 (and 6 of 6 by the code before
+them). 99 of the 107 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
