@@ -548,8 +548,20 @@ class GoInjector:
         self._child = None
 
 
+class Copier(GoInjector):
+    """A :class:`GoInjector` whose child counts the bytes it copied (``copied <n>``)."""
+
+    COUNTER = "copied "
+    bytes_moved: int
+    gbs: float
+
+    def _done(self, value: int, elapsed: float) -> None:
+        self.bytes_moved = value
+        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
+
+
 @dataclass
-class NvlinkContention(GoInjector):
+class NvlinkContention(Copier):
     """Competing peer-to-peer copies between GPUs ``src`` and ``dst`` over NVLink.
 
     ``streams`` copy streams per direction, each moving ``mib`` MiB per copy; ``both``
@@ -565,22 +577,19 @@ class NvlinkContention(GoInjector):
     python: str = "python3"
     _child: GoProcess | None = field(default=None, repr=False)
     bytes_moved: int = 0
+    gbs: float | None = None
     error: str = ""
 
-    SCRIPT, WHAT, COUNTER = _NVLINK_COPIER, "NVLink copier", "copied "
+    SCRIPT, WHAT = _NVLINK_COPIER, "NVLink copier"
 
     def _args(self) -> list:
         return [self.src, self.dst, self.streams, self.mib, int(self.both)]
-
-    def _done(self, value: int, elapsed: float) -> None:
-        self.bytes_moved = value
-        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
 
     def describe(self) -> dict:
         return {"injector": "nvlink", "src_gpu": self.src, "dst_gpu": self.dst,
                 "streams_per_direction": self.streams, "mib_per_copy": self.mib,
                 "both_directions": self.both, "bytes_moved_at_least": self.bytes_moved,
-                "competing_gbs_at_least": getattr(self, "gbs", None), "error": self.error}
+                "competing_gbs_at_least": self.gbs, "error": self.error}
 
 
 # The hog: a separate CUDA process running big bf16 matmuls on one GPU, as another tenant
@@ -676,7 +685,7 @@ class Pulsed(LoopInjector):
 
 
 @dataclass
-class PcieContention(GoInjector):
+class PcieContention(Copier):
     """Another process copying pinned host memory to and from GPU ``gpu`` (``streams``
     streams each way, ``mib`` MiB per copy): that GPU's PCIe link is shared, which slows
     NCCL only where it moves data through host memory (the SHM and socket transports).
@@ -691,14 +700,10 @@ class PcieContention(GoInjector):
     gbs: float = 0.0
     error: str = ""
 
-    SCRIPT, WHAT, COUNTER = _PCIE_COPIER, "PCIe copier", "copied "
+    SCRIPT, WHAT = _PCIE_COPIER, "PCIe copier"
 
     def _args(self) -> list:
         return [self.gpu, self.streams, self.mib]
-
-    def _done(self, value: int, elapsed: float) -> None:
-        self.bytes_moved = value
-        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
 
     def describe(self) -> dict:
         return {"injector": "pcie", "gpu": self.gpu, "streams_per_direction": self.streams,
@@ -707,7 +712,7 @@ class PcieContention(GoInjector):
 
 
 @dataclass
-class HostMemoryHog(GoInjector):
+class HostMemoryHog(Copier):
     """Another process copying ``mib``-MiB host buffers on ``threads`` threads: host
     memory bandwidth shared with NCCL's SHM transport. :meth:`prepare` allocates,
     :meth:`start` lets it copy."""
@@ -720,14 +725,10 @@ class HostMemoryHog(GoInjector):
     gbs: float = 0.0
     error: str = ""
 
-    SCRIPT, WHAT, COUNTER = _HOST_MEMORY_HOG, "host memory hog", "copied "
+    SCRIPT, WHAT = _HOST_MEMORY_HOG, "host memory hog"
 
     def _args(self) -> list:
         return [self.threads, self.mib]
-
-    def _done(self, value: int, elapsed: float) -> None:
-        self.bytes_moved = value
-        self.gbs = round(value / max(elapsed, 1e-9) / 1e9, 1)
 
     def describe(self) -> dict:
         return {"injector": "membw", "threads": self.threads, "mib_per_buffer": self.mib,
