@@ -781,8 +781,10 @@ class Worker:
             await self._finish(self.core.handle([], self.kinds))
 
     def _ready(self) -> bool:
-        """Partitions assigned, none revoked since, and the tables recovered."""
-        return self._settled and not self.app.rebalancing
+        """Partitions assigned, none revoked since, and the tables recovered (Faust's
+        recovery reads the changelogs with the same consumer the tick pauses, seeks and
+        resumes input partitions on: leave it alone until it is done)."""
+        return self._settled and not self.app.rebalancing and not self.app.in_recovery
 
     def _check_producer(self) -> None:
         """Stop if Faust's producer died: a send that failed (a changelog value over the
