@@ -774,6 +774,8 @@ class Worker:
         idle = not self.core.merge.held and not (self.core.save_pending and self.core.save_due())
         if self.stage == "jobs" and self.core.detectors.waiting():
             idle = False  # records wait out IDLE_AFTER_S for key stages that are all idle
+        if self.stage != "keys" and self.core.detectors.quiet_due():
+            idle = False  # jobs that ended: nothing newer will move their stream time
         if self._stream is None or not self._ready() or (idle and self.stage != "keys"):
             return
         async with self._lock:

@@ -151,6 +151,8 @@ class JobDetectors:
         self.partitions = partitions
         self.pipelines: dict[str, Any] = {}
         self.stream_ns: dict[int, int] = {}  # group -> largest record time seen
+        self._heard: dict[int, float] = {}  # group -> when (clock) its stream time last moved
+        self.quiet_end_s = cfg.quiet_end_s
         self._next_tick_ns: dict[int, int] = {}
         self.group_of: dict[str, int] = {}
         self._held: dict[str, list] = {}  # job -> records of its current instant
@@ -250,6 +252,7 @@ class JobDetectors:
     def _clock(self, group: int, t: int, events: list[AnomalyEvent]) -> None:
         if t > self.stream_ns.get(group, -1):
             self.stream_ns[group] = t
+            self._heard[group] = self.clock()
             if t >= self._next_tick_ns.get(group, -1):
                 self._next_tick_ns[group] = t - t % self.tick_ns + self.tick_ns
                 events += self.advance(t, group)
@@ -359,6 +362,34 @@ class JobDetectors:
                 self.evicted.append(job)
         return events
 
+    def quiet(self) -> list[AnomalyEvent]:
+        """Live drivers, between reads: every group whose stream time has not moved for
+        ``cfg.quiet_end_s`` of wall-clock time (``clock``) is advanced as if it had moved
+        on that long, so a job that ended gets what newer records of other jobs would
+        have given it: its held instant goes, its incidents are resolved as
+        ``job_silent`` (after ``telemetry_timeout_s``), and after ``job_evict_s`` it is
+        forgotten. The group's stream time itself stays where it was: records that still
+        come are not late for it. Staged, a group whose jobs hold verdicts or records
+        waiting for the key stages is not quiet.
+        """
+        events: list[AnomalyEvent] = []
+        now = self.clock()
+        for group in self._quiet_groups(now):
+            quiet_s = now - self._heard[group]
+            if any(self.merges.get(job) for job, g in self.group_of.items() if g == group):
+                continue
+            events += self.advance(self.stream_ns[group] + int(quiet_s * 1e9), group)
+        return events
+
+    def quiet_due(self) -> bool:
+        """Whether :meth:`quiet` has a group to advance."""
+        return bool(self._quiet_groups(self.clock()))
+
+    def _quiet_groups(self, now: float) -> list[int]:
+        if not self.quiet_end_s > 0:
+            return []
+        return sorted(g for g, heard in self._heard.items() if now - heard >= self.quiet_end_s)
+
     def flush(self) -> list[AnomalyEvent]:
         """End of input: held instants go, every pipeline closes its incomplete groups."""
         events = [ev for job in sorted(self._held) for ev in self._release(job)]
@@ -408,6 +439,7 @@ class JobDetectors:
             self._held.clear()
             self._held_t.clear()
             self.stream_ns.clear()
+            self._heard.clear()
             self._next_tick_ns.clear()
         else:
             self.pipelines.pop(job, None)
@@ -428,6 +460,7 @@ class JobDetectors:
         for job, s in state.get("jobs", {}).items():
             self.restore_job(job, s)
         self.stream_ns = {int(g): t for g, t in state.get("stream_ns", {}).items()}
+        self._heard = dict.fromkeys(self.stream_ns, self.clock())
         self._next_tick_ns = dict(self.stream_ns)
         self.group_of = dict(state.get("group_of", {}))
 
@@ -1001,6 +1034,10 @@ class StreamCore:
                 max_t = t
         out.records += records
         out.skipped += skipped
+        if isinstance(detectors, JobDetectors) and (events := detectors.quiet()):
+            # live: jobs whose partition stood still for quiet_end_s of wall time
+            out.events += events
+            touched.update(ev.job for ev in events)
         if holds:
             if isinstance(detectors, JobDetectors):  # staged: what waited out idle key stages
                 if events := detectors.poll():

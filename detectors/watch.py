@@ -569,6 +569,7 @@ def _tail(
         if not n:
             if args.once:
                 break
+            watch.emit(watch.detectors.quiet())  # jobs that ended (detector.quiet_end_s)
             stop.sleep(POLL_IDLE_S)
     for key, line, rec in live.flush():
         merge.add(key, 0, record_time_ns(rec), (line, rec), KIND_ORDER.get(rec.KIND, 3))

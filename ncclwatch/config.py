@@ -253,6 +253,13 @@ class DetectorConfig:
     # a Kafka message), acknowledging a window's message once its group closed.
     key_hold_ranks: int = 256
     job_evict_s: float = 3600.0  # a job silent this long (in stream time) is forgotten
+    # Live drivers (`watch` tailing, `worker`): jobs that have received nothing for this
+    # long in wall-clock time are treated as if stream time had moved on that long, so
+    # a job that ended gets its incidents resolved (`job_silent`) and, after
+    # `job_evict_s`, its state dropped. Stream time alone moves only with newer records:
+    # alone on its partition, a finished job's incidents stayed open for ever. Longer
+    # than a forwarder or broker outage you would not want ended. 0 turns it off.
+    quiet_end_s: float = 60.0
     model_path: str = ""  # scikit-learn cold-start model from `ncclwatch fit`
     state_path: str = ""  # where `ncclwatch watch` persists baselines
     metrics_addr: str = "127.0.0.1"
@@ -278,6 +285,8 @@ class DetectorConfig:
             raise ValueError(f"detector.reopen_s must be >= 0 seconds, got {self.reopen_s}")
         if not self.merge_max_hold_s > 0.0:
             raise ValueError(f"detector.merge_max_hold_s must be > 0 seconds, got {self.merge_max_hold_s}")
+        if not self.quiet_end_s >= 0.0:
+            raise ValueError(f"detector.quiet_end_s must be >= 0 seconds, got {self.quiet_end_s}")
 
 
 @dataclass(frozen=True)

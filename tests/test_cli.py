@@ -114,7 +114,8 @@ def test_config_example_is_the_shipped_example_file_and_parses():
 
 @pytest.mark.parametrize("name,value", [("transfer_confirm", "2"), ("transfer_confirm", "-0.1"),
                                         ("link_share_rise", "1.5"), ("link_share_rise", "-0.1"),
-                                        ("reopen_s", "-1"), ("merge_max_hold_s", "0")])
+                                        ("reopen_s", "-1"), ("merge_max_hold_s", "0"),
+                                        ("quiet_end_s", "-1")])
 def test_the_detector_knobs_of_2026_11_26_refuse_values_out_of_range(name, value):
     with pytest.raises(config.ConfigError, match=f"detector.{name}"):
         config.load(None, environ={f"NCCLWATCH_DETECTOR_{name.upper()}": value})

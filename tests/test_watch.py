@@ -10,6 +10,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ncclwatch_testkit.drivers import write_spool
@@ -109,6 +110,21 @@ def test_watch_resumes_from_saved_state_without_relearning_or_rereading(tmp_path
     assert f"ops {4 * 2 * 4 * 22} " in text
 
 
+def _stop_once(proc: subprocess.Popen, done: Any, timeout_s: float) -> tuple[str, str]:
+    """SIGTERM ``proc`` once ``done()`` (or after ``timeout_s``); its output."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=30)
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def test_watch_tails_a_live_spool_and_saves_state_on_sigterm(tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
@@ -139,15 +155,9 @@ def test_watch_tails_a_live_spool_and_saves_state_on_sigterm(tmp_path):
     try:
         time.sleep(1.0)
         write_spool(spool)  # the files appear while watch is running
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (out.exists() and out.read_text()):
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = _stop_once(proc, lambda: out.exists() and out.read_text(), 30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
     assert proc.returncode == 0, stderr
     assert "metrics on http://127.0.0.1:" in stdout
     assert "FIRING network_path" in stdout
@@ -192,3 +202,28 @@ def test_watch_says_it_does_not_read_inspector_prometheus_files(tmp_path, capsys
     (tmp_path / "elsewhere").mkdir()
     assert cli.main(["watch", str(tmp_path / "elsewhere"), "--once", "--metrics-port", "-1", "--job", "j"]) == 0
     assert "Prometheus" not in capsys.readouterr().err
+
+
+def test_watch_tailing_resolves_a_job_that_stopped_firing_after_quiet_end_s(tmp_path):
+    # The job's records stop while its network incident is open (the job ended): after
+    # detector.quiet_end_s of wall time with nothing newer, its incidents are resolved.
+    spool = tmp_path / "spool"
+    write_spool(spool)  # degraded from 40 s to the end, 60 s
+    out = tmp_path / "ev.jsonl"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NCCLWATCH_DETECTOR_QUIET_END_S="2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncclwatch.cli", "watch", str(spool), "--events-out", str(out),
+         "--metrics-port", "-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        stdout, stderr = _stop_once(proc, lambda: out.exists() and '"resolved"' in out.read_text(), 60)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 0, stderr
+    events = _events(out)
+    firing = {e["id"] for e in _firing(events)}
+    resolved = [e for e in events if e["state"] == "resolved"]
+    assert firing and {e["id"] for e in resolved} == firing, stdout
+    assert {e["evidence"]["resolved_because"] for e in resolved} == {"job_silent"}
+    assert "RESOLVED network_path" in stdout

@@ -165,8 +165,11 @@ def log_tail(name: str, lines: int = 60) -> str:
 # recording's own times, often older than the broker's default retention (7 days): the
 # broker would delete them within minutes, mid-run. Such topics never expire.
 RECORDED_TOPIC_CONFIG = {"retention.ms": "-1"}
-# The same for topics ncclwatch itself creates (forwarder, worker) under a test config.
-RECORDED_TOPICS_ENV = {"NCCLWATCH_TOPICS_RETENTION_MS": "-1"}
+# The same for topics ncclwatch itself creates (forwarder, worker) under a test config;
+# and no wall-clock end of quiet jobs (`detector.quiet_end_s`): what a worker makes of
+# recorded data is compared with the library's events, which know no wall clock, and a
+# partition quiet for a minute while a busy machine runs a test would end its jobs.
+RECORDED_TOPICS_ENV = {"NCCLWATCH_TOPICS_RETENTION_MS": "-1", "NCCLWATCH_DETECTOR_QUIET_END_S": "0"}
 
 
 def unique_name(prefix: str) -> str:
