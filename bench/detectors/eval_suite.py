@@ -250,7 +250,10 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_12", "Fifteenth batch, held out after those changes "
+    for half, heading in (("heldout_13", "Sixteenth batch, held out: fault kinds and sizes earlier batches "
+                                         "had through the other profiler or layout, a fault from 11 s, a "
+                                         "30-s fault (judged once by 0a0556a: 6 of 7)"),
+                          ("heldout_12", "Fifteenth batch, held out after those changes "
                                          "(judged once by c5a3f80: 6 of 6; the code before them the same)"),
                           ("tune_3", "Fourteenth batch, intra-node faults of a communication-bound job "
                                      "(judged once by 81b73bd: 3 of 6; 5 of 6 after the two changes it led to)"),
@@ -276,7 +279,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """107 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+GPU_RUNS_11_27_X4 = """114 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
 `bench/scenarios/plans/2026-11-27-{j,...,x}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
@@ -369,7 +372,13 @@ check's margin, most of the way to a link fault's share rise where NCCL is 69 % 
 step) — and 5 of 6 after the two changes these led to; the miss is a host-wide slowdown
 of the loopback "network" on two pretend nodes, raised as `network_path` before
 `intra_node`. The fifteenth, held out after them: 6 of 6 (and 6 of 6 by the code before
-them). 99 of the 107 right.
+them). The sixteenth (plan `y`, held out: earlier fault kinds through the other profiler
+or layout, a straggler from 11 s, a 30-s throttle, clean), judged once by 0a0556a: 6 of
+7; the miss a real 5-s dip of the clean run's loopback network (25 % on its keys, 13 % of
+its throughput) 8 s into the job, raised as `network_path` for 3 s, the shortest a
+sustained degradation can be; a fourth window before firing would drop it but make 37
+right answers of the 168 runs before it wrong (most past the 5-s bound). 105 of the 114
+right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
