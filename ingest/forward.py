@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import glob
 import logging
 import os
@@ -31,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclwatch.ingest import checkpoint, kafka_sink
-from ncclwatch.ingest.buffer import BufferFull, DiskBuffer
+from ncclwatch.ingest.buffer import DiskBuffer
+from ncclwatch.ingest.delivery import Batch, Delivery
 from ncclwatch.ingest.disk_errors import DiskErrors
 from ncclwatch.ingest.inspector import (
     InspectorError,
@@ -54,8 +54,6 @@ from ncclwatch.routing import key_for, op_group, topic_for
 from ncclwatch.rules import safe_filename
 
 log = logging.getLogger("ncclwatch.forward")
-
-DIRECT, SPILL = "direct", "spill"
 _NO_LIMIT = 1 << 63
 
 
@@ -116,43 +114,6 @@ class StreamTimes:
             for d in (self.time, self.behind, self.path):
                 for sid in [s for s in d if s not in live]:
                     del d[sid]
-
-
-class Batch:
-    """Messages read together, and the positions that become safe once they are done.
-
-    A batch is *held* while it is neither sent nor spilled: Kafka is failing and the
-    spill buffer has no room for it (its bound, or a full disk). Held batches stay in
-    memory, in order, and reading pauses until they are spilled or sent.
-    """
-
-    __slots__ = ("messages", "snapshot", "pending", "errors", "done", "sent_at", "records", "held")
-
-    def __init__(self, messages: list, snapshot: dict | None):
-        self.messages = messages
-        self.snapshot = snapshot
-        self.pending = 0
-        self.errors: list[BaseException] = []
-        self.done = not messages
-        self.sent_at = 0.0
-        self.records: collections.Counter = collections.Counter()
-        self.held = False
-
-    def ok(self, _metadata: Any) -> None:  # kafka-python sender thread
-        self.pending -= 1
-
-    def err(self, exc: BaseException) -> None:  # kafka-python sender thread
-        self.errors.append(exc)
-        self.pending -= 1
-
-    @property
-    def resolved(self) -> bool:
-        return self.pending <= 0
-
-
-def _records_in(value: bytes) -> int:
-    # JSON escapes newlines inside strings, so a packed value's records are its lines.
-    return value.count(b"\n") + 1
 
 
 class Forwarder:
@@ -247,76 +208,26 @@ class Forwarder:
                 tailer.inodes[p] = st.st_ino
 
         buf = state.get("buffer")
-        self.buffer = DiskBuffer(os.path.join(self.node_dir, "buffer"),
-                                 tuple(buf) if buf else None, max_bytes=opts.buffer_max_bytes)
+        self.delivery = Delivery(
+            cfg, opts, DiskBuffer(os.path.join(self.node_dir, "buffer"), tuple(buf) if buf else None,
+                                  max_bytes=opts.buffer_max_bytes),
+            metrics=self.metrics, disk=self.disk, clock=clock)
         self.quarantine_path = opts.quarantine_file or os.path.join(self.node_dir,
                                                                     "quarantine.jsonl")
-        self.producer: Any = None
-        self.mode = SPILL if not self.buffer.empty() else DIRECT
-        self.batches: collections.deque[Batch] = collections.deque()
-        self.drain: Batch | None = None
-        self.backoff_s = 0.5
-        self.next_attempt = 0.0
-        self.auth_refusals = 0
-        self.fatal = ""
-        self.buffer_full_logged = False
-        self.full_at_bytes = 1 << 62  # buffer bytes when a batch was last refused for room
         self.stopping = False
         self.last_ckpt = 0.0
         self.last_idle_check = 0.0
         self.last_prom = 0.0
         self.last_progress = 0.0
-        self.ckpt_dirty = False
         self.read_total = 0
-        self.sent_total = 0
         self.quarantined_total = 0
         self.quarantine_fd: int | None = None
-        self.committed: dict | None = None
         self.late_reported = 0
         self.initial_closed_before = state.get("closed_before", [])
         for wname, job, host, pid, before in self.initial_closed_before:
             self.windowers[wname].resume((job, host, pid), before)
         if opts.once:
             opts.prom_settle_s = 0.0  # the input is complete: nothing is being written
-
-    # -- connection ----------------------------------------------------------------------
-
-    def _connect(self) -> bool:
-        if self.producer is not None:
-            return True
-        t = self.topics
-        with kafka_sink.watching_auth() as auth:
-            try:
-                kafka_sink.ensure_topics(self.cfg.kafka, t, [t.ops, t.telemetry, t.windows,
-                                                             t.throughput, t.anomalies,
-                                                             t.quarantine])
-                self.producer = kafka_sink.make_producer(
-                    self.cfg.kafka, compression=self.opts.compression,
-                    batch_size_bytes=1 << 20, linger_ms=self.opts.linger_ms)
-            except Exception as e:  # broker down, auth failure: keep the data, retry later
-                error = auth.seen or type(e).__name__
-                log.warning("event=kafka_connect_failed %s error=%s retry_in_s=%.1f",
-                            kafka_sink.describe(self.cfg.kafka), error, self.backoff_s)
-                self._auth_refused(auth.seen)
-                return False
-        self.auth_refusals = 0
-        log.info("event=kafka_connected %s compression=%s", kafka_sink.describe(self.cfg.kafka),
-                 self.opts.compression)
-        return True
-
-    def _auth_refused(self, error: str) -> None:
-        """Wrong credentials do not fix themselves: after ``auth_attempts`` refusals in a
-        row the forwarder stops (exit 1) with a clear message; the spool keeps the data."""
-        if not error and not self.auth_refusals:
-            return  # unreachable, not refused
-        # after a first refusal the broker drops the same client's next handshakes
-        # without saying why again: those count too (a success resets the count)
-        error = error or "SaslAuthenticationFailedError"
-        self.auth_refusals += 1
-        if self.auth_refusals >= self.opts.auth_attempts:
-            self.fatal = kafka_sink.auth_failure_message(self.cfg.kafka, error, self.auth_refusals)
-            log.error("event=kafka_auth_failed action=exit %s", self.fatal)
-            self.stopping = True
 
     # -- reading -------------------------------------------------------------------------
 
@@ -812,191 +723,21 @@ class Forwarder:
                     msgs.append((topic, kb, b"\n".join(values[i:i + k])))
         return msgs
 
-    # -- sending ---------------------------------------------------------------------------
-
-    def _send(self, batch: Batch) -> None:
-        batch.sent_at = self.clock()
-        batch.pending = len(batch.messages)
-        send = self.producer.send
-        for topic, key, value in batch.messages:
-            try:
-                fut = send(topic, value=value, key=key)
-            except Exception as e:  # metadata timeout, producer closed
-                batch.errors.append(e)
-                batch.pending -= 1
-                continue
-            fut.add_callback(batch.ok)
-            fut.add_errback(batch.err)
-
-    def _count_sent(self, messages: list) -> None:
-        counts: collections.Counter = collections.Counter()
-        for topic, _, value in messages:
-            counts[topic] += _records_in(value)
-        for topic, c in counts.items():
-            self.metrics.sent.labels(topic).inc(c)
-            self.sent_total += c
-        self.metrics.last_send.set(time.time())
-
-    def _enqueue(self, batch: Batch) -> None:
-        self.batches.append(batch)
-        if batch.done:
-            return
-        if self.mode == DIRECT and self.producer is not None:
-            self._send(batch)
-        elif any(b.held for b in self.batches if b is not batch):
-            batch.held = True  # behind a held batch: keep the order
-        else:
-            self._spill_one(batch)
-
-    def _spill_one(self, batch: Batch) -> bool:
-        """Spill a batch, or hold it (in memory) when the buffer has no room for it."""
-        if batch.held and not self.disk.retry_due("buffer"):
-            return False
-        if batch.held and self.buffer.disk_bytes >= self.full_at_bytes:
-            return False  # refused for room before, and no room was freed since
-        try:
-            self.buffer.append(batch.messages)
-        except BufferFull:
-            self.full_at_bytes = self.buffer.disk_bytes
-            if not self.buffer_full_logged:
-                log.error("event=buffer_full buffer_bytes=%d limit=%d action=pause_reading "
-                          "(nothing is dropped: the spool keeps the data until Kafka is back)",
-                          self.buffer.disk_bytes, self.opts.buffer_max_bytes)
-                self.buffer_full_logged = True
-            batch.held = True
-            return False
-        except OSError as e:
-            self.disk.failed("buffer", self.buffer.directory, e)
-            batch.held = True
-            return False
-        self.disk.ok("buffer")
-        batch.held = False
-        batch.done = True
-        self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
-        return True
-
-    def _spill_all(self, why: str) -> None:
-        """Kafka is failing: move every unfinished batch, in order, to the disk buffer;
-        from the first one that does not fit on, they are held, so the order stays."""
-        self.metrics.kafka_spills.labels(why).inc()
-        self._drop_fatal_producer()
-        n = 0
-        blocked = False
-        for b in self.batches:
-            if not b.done:
-                if blocked or not self._spill_one(b):
-                    blocked = b.held = True
-                n += 1
-        if self.mode != SPILL:
-            log.warning("event=kafka_unavailable reason=%s action=spill_to_disk batches=%d "
-                        "buffer_bytes=%d", why, n, self.buffer.pending_bytes)
-        self.mode = SPILL
-        self.next_attempt = self.clock() + self.backoff_s
-
-    def _drop_fatal_producer(self) -> None:
-        """librdkafka gave up on the producer (``RdKafkaProducer.fatal``): let it go, so
-        that the next attempt connects a new one instead of failing forever."""
-        if getattr(self.producer, "fatal", ""):
-            log.error("event=kafka_producer_replaced error=%s", self.producer.fatal)
-            with contextlib.suppress(Exception):
-                self.producer.close(timeout=0)
-            self.producer = None
-
-    def _collect(self) -> None:
-        """Retire finished batches from the head; the newest retired snapshot is safe."""
-        while self.batches:
-            head = self.batches[0]
-            if head.held:
-                return  # neither sent nor spilled yet
-            if not head.done:
-                if not head.resolved:
-                    if self.clock() - head.sent_at > self.opts.stall_s:
-                        self._spill_all("no_ack_within_stall_s")
-                    return
-                if head.errors:
-                    self._spill_all(type(head.errors[0]).__name__)
-                    continue
-                head.done = True
-                self._count_sent(head.messages)
-            self.batches.popleft()
-            if head.snapshot is not None:
-                self.committed = head.snapshot
-                self.ckpt_dirty = True
-
-    def _drain(self) -> None:
-        """In spill mode: send the buffer's batches in order, backing off on failure."""
-        if self.mode != SPILL:
-            return
-        now = self.clock()
-        if self.drain is not None:
-            if not self.drain.resolved:
-                if now - self.drain.sent_at > self.opts.stall_s * 3:
-                    self.drain.errors.append(TimeoutError("drain batch not acknowledged"))
-                else:
-                    return
-            if self.drain.errors:
-                log.warning("event=buffer_drain_failed error=%s retry_in_s=%.1f",
-                            type(self.drain.errors[0]).__name__, self.backoff_s)
-                self._drop_fatal_producer()
-                self.next_attempt = now + self.backoff_s
-                self.backoff_s = min(self.backoff_s * 2, 30.0)
-                self.drain = None
-                return
-            self._count_sent(self.drain.messages)
-            self.buffer.advance()
-            self.drain = None
-            self.backoff_s = 0.5
-            self.ckpt_dirty = True
-            self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
-        if now < self.next_attempt:
-            return
-        if not self._connect():
-            self.next_attempt = now + self.backoff_s
-            self.backoff_s = min(self.backoff_s * 2, 30.0)
-            return
-        msgs = self.buffer.peek()
-        if msgs is None:
-            if self.mode == SPILL:
-                log.info("event=kafka_recovered action=direct_send held_batches=%d",
-                         sum(1 for b in self.batches if b.held))
-            self.mode = DIRECT
-            self.buffer_full_logged = False
-            self._send_held()
-            return
-        self.drain = Batch(msgs, None)
-        self._send(self.drain)
-
-    def _send_held(self) -> None:
-        """The buffer is drained and Kafka answers: send held batches, in order, directly
-        (no disk needed, so a full disk does not stop forwarding)."""
-        for i, b in enumerate(self.batches):
-            if b.held:
-                fresh = Batch(b.messages, b.snapshot)  # no callbacks of an older send
-                self.batches[i] = fresh
-                self._send(fresh)
-
-    def _retry_held(self) -> None:
-        """Spill held batches (in order) once the buffer has room and the disk space."""
-        if self.mode != SPILL:
-            return
-        for b in self.batches:
-            if b.held and not self._spill_one(b):
-                return
-
     # -- housekeeping ----------------------------------------------------------------------
 
     def _checkpoint(self, force: bool = False) -> None:
         now = self.clock()
-        due = self.ckpt_dirty and now - self.last_ckpt >= self.opts.checkpoint_interval_s
+        d = self.delivery
+        due = d.dirty and now - self.last_ckpt >= self.opts.checkpoint_interval_s
         if not force and not due:
             return
-        c = self.committed
+        c = d.committed
         if c is None:
             c = {"acked": dict(self.acked), "window_from": dict(self.window_from),
                  "inodes": {}, "prom": dict(self.prom_sent),
                  "closed_before": self.initial_closed_before}
-            self.committed = c
-        state = {"version": 1, **c, "buffer": list(self.buffer.position)}
+            d.committed = c
+        state = {"version": 1, **c, "buffer": list(d.buffer.position)}
         self.last_ckpt = now
         try:
             checkpoint.save(self.ckpt_path, state)
@@ -1005,11 +746,11 @@ class Forwarder:
             # acknowledged, and deleting them before the checkpoint that says so costs
             # duplicates after a crash, never data; it frees the space the save needs.
             self.disk.failed("checkpoint", self.ckpt_path, e)
-            self.buffer.collect()
+            d.buffer.collect()
             return
         self.disk.ok("checkpoint")
-        self.buffer.collect()
-        self.ckpt_dirty = False
+        d.buffer.collect()
+        d.dirty = False
         if self.opts.delete_acked:
             self._delete_acked(c)
 
@@ -1061,7 +802,7 @@ class Forwarder:
 
     def _gauges(self) -> None:
         self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
-        self.metrics.buffer_bytes.set(self.buffer.pending_bytes)
+        self.metrics.buffer_bytes.set(self.delivery.buffer.pending_bytes)
         self.metrics.untrusted_files.set(len(self.spool.untrusted))
         late = sum(w.late_total for w in self.windowers.values())
         if late > self.late_reported:
@@ -1074,9 +815,9 @@ class Forwarder:
             return
         self.last_progress = now
         sys.stderr.write(
-            f"\rread={self.read_total} sent={self.sent_total} quarantined={self.quarantined_total}"
+            f"\rread={self.read_total} sent={self.delivery.sent_total} quarantined={self.quarantined_total}"
             f" behind={sum(t.bytes_behind() for _, t in self.sources)}B"
-            f" buffer={self.buffer.pending_bytes}B mode={self.mode}   ")
+            f" buffer={self.delivery.buffer.pending_bytes}B mode={self.delivery.mode}   ")
         sys.stderr.flush()
 
     # -- the loop --------------------------------------------------------------------------
@@ -1086,18 +827,15 @@ class Forwarder:
 
     def step(self) -> int:
         """One loop iteration; how many lines were read (-1: reading was paused)."""
-        self._collect()
-        self._retry_held()
-        self._drain()
+        d = self.delivery
+        d.collect()
+        d.retry_held()
+        d.drain()
         n = -1
-        inflight = sum(1 for b in self.batches if not b.done)
         # Back-pressure: while a batch waits for room in the buffer, reading pauses and
         # the spool holds the rest (the plugin's node-local segments).
-        held = any(b.held for b in self.batches)
-        if not self.stopping and not held and inflight < self.opts.max_inflight_batches:
-            if self.mode == DIRECT and self.producer is None and not self._connect():
-                self.mode = SPILL
-                self.next_attempt = self.clock() + self.backoff_s
+        if not self.stopping and not d.held() and d.inflight() < self.opts.max_inflight_batches:
+            d.try_direct()
             batch, n = self._read_batch()
             idle = self._flush_idle()
             if idle:
@@ -1108,21 +846,19 @@ class Forwarder:
                     batch.snapshot = self._snapshot()
                     batch.done = False
             if batch is not None:
-                self._enqueue(batch)
-        self._collect()
+                d.enqueue(batch)
+        d.collect()
+        if d.fatal:
+            self.stopping = True
         self._checkpoint()
         self._gauges()
         self._progress()
         return n
 
-    def _idle(self) -> bool:
-        return not any(not b.done for b in self.batches) and (self.mode == DIRECT or (
-            self.buffer.empty() and self.drain is None))
-
     def run(self) -> int:
         log.info("event=start node=%s spool=%s inspector_dirs=%d training_logs=%d mode=%s",
                  self.opts.node_id, self.opts.spool_dir, len(self.opts.inspector_dirs),
-                 len(self.opts.training_logs), self.mode)
+                 len(self.opts.training_logs), self.delivery.mode)
         try:
             while not self.stopping:
                 n = self.step()
@@ -1130,9 +866,9 @@ class Forwarder:
                     # The input is complete: close every open window, then wait for acks.
                     rest = self._flush_idle(force=True)
                     if rest:
-                        self._enqueue(Batch(rest, self._snapshot()))
+                        self.delivery.enqueue(Batch(rest, self._snapshot()))
                         continue
-                    if self._idle():
+                    if self.delivery.idle():
                         break
                 if n <= 0:
                     self._wait()
@@ -1141,35 +877,24 @@ class Forwarder:
             self.close()
 
     def _wait(self) -> None:
-        if self.producer is not None and any(not b.done for b in self.batches):
+        if self.delivery.producer is not None and self.delivery.inflight():
             time.sleep(0.005)
         else:
             time.sleep(self.opts.poll_interval_s)
 
     def _shutdown(self) -> int:
-        deadline = time.monotonic() + self.opts.shutdown_timeout_s
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                self.producer.flush(timeout=max(0.1, self.opts.shutdown_timeout_s / 2))
-        while time.monotonic() < deadline:
-            self._collect()
-            if not any(not b.done for b in self.batches):
-                break
-            time.sleep(0.01)
-        if any(not b.done for b in self.batches):
-            self._spill_all("shutdown_before_ack")
-            self._collect()
+        self.delivery.finish(self.opts.shutdown_timeout_s)
         self._checkpoint(force=True)
         log.info("event=stop read=%d sent=%d quarantined=%d buffer_bytes=%d",
-                 self.read_total, self.sent_total, self.quarantined_total,
-                 self.buffer.pending_bytes)
+                 self.read_total, self.delivery.sent_total, self.quarantined_total,
+                 self.delivery.buffer.pending_bytes)
         if self.inspector_skipped or self.tp_merge.late:
             log.info("event=lines_without_a_record inspector=%s training_log_late=%d",
                      dict(self.inspector_skipped), self.tp_merge.late)
         if sys.stderr.isatty():
             sys.stderr.write("\n")
-        if self.fatal:
-            print(f"ncclwatch forward: {self.fatal}", file=sys.stderr)
+        if self.delivery.fatal:
+            print(f"ncclwatch forward: {self.delivery.fatal}", file=sys.stderr)
             return 1
         return 0
 
@@ -1179,10 +904,7 @@ class Forwarder:
         if self.quarantine_fd is not None:
             os.close(self.quarantine_fd)
             self.quarantine_fd = None
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                self.producer.close(timeout=2)
-            self.producer = None
+        self.delivery.close()
 
 
 # -- CLI ---------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_forwarder_with_a_full_buffer_disk_holds_batches_in_memory_and_pauses(tm
     caplog.set_level(logging.INFO, "ncclwatch.forward")
     for _ in range(40):
         fwd.step()  # would raise ENOSPC before
-    assert fwd.disk.failing("buffer") and any(b.held for b in fwd.batches)
+    assert fwd.disk.failing("buffer") and any(b.held for b in fwd.delivery.batches)
     behind = fwd.spool.bytes_behind()
     for _ in range(5):
         fwd.step()
@@ -148,7 +148,7 @@ def test_a_full_disk_during_forwarding_loses_nothing_once_space_and_kafka_return
     try:
         # Kafka down, disk full: the buffer fills the disk, batches wait in memory.
         _wait(lambda: fwd.disk.failing("buffer"), 60, "the buffer disk to fill", t)
-        _wait(lambda: any(b.held for b in fwd.batches), 30, "batches held in memory", t)
+        _wait(lambda: any(b.held for b in fwd.delivery.batches), 30, "batches held in memory", t)
         behind = fwd.spool.bytes_behind()
 
         def errors() -> float:
@@ -163,13 +163,13 @@ def test_a_full_disk_during_forwarding_loses_nothing_once_space_and_kafka_return
 
         # Space comes back: the buffer takes more, until the disk is full again.
         filler.unlink()
-        _wait(lambda: fwd.buffer.disk_bytes > 3 << 20, 60, "spilling again", t)
+        _wait(lambda: fwd.delivery.buffer.disk_bytes > 3 << 20, 60, "spilling again", t)
 
         # Kafka comes back: the buffer drains, held batches go directly, the spool empties.
         gate.open()
-        _wait(lambda: fwd.mode == "direct" and fwd.buffer.empty() and fwd.spool.bytes_behind() == 0
-              and not any(not b.done for b in fwd.batches), 180, "everything sent", t)
-        _wait(lambda: not fwd.disk.failing("checkpoint") and not fwd.ckpt_dirty, 30, "a checkpoint", t)
+        _wait(lambda: fwd.delivery.mode == "direct" and fwd.delivery.buffer.empty() and fwd.spool.bytes_behind() == 0
+              and not any(not b.done for b in fwd.delivery.batches), 180, "everything sent", t)
+        _wait(lambda: not fwd.disk.failing("checkpoint") and not fwd.delivery.dirty, 30, "a checkpoint", t)
     finally:
         fwd.stop()
         t.join(60)

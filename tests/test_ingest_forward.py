@@ -25,10 +25,10 @@ def test_unreachable_kafka_fills_the_buffer_to_its_bound_then_pauses_without_los
     metrics = ForwarderMetrics()
     fwd = Forwarder(cfg, opts, metrics=metrics)
     deadline = time.monotonic() + 30
-    while not fwd.buffer_full_logged and time.monotonic() < deadline:
+    while not fwd.delivery.buffer_full_logged and time.monotonic() < deadline:
         fwd.step()
-    assert fwd.buffer_full_logged, "the buffer bound was never reached"
-    assert fwd.mode == "spill"
+    assert fwd.delivery.buffer_full_logged, "the buffer bound was never reached"
+    assert fwd.delivery.mode == "spill"
     assert fwd.spool.bytes_behind() > 0  # reading paused: the rest waits in the spool
     behind_then = fwd.spool.bytes_behind()
     for _ in range(5):
@@ -38,7 +38,7 @@ def test_unreachable_kafka_fills_the_buffer_to_its_bound_then_pauses_without_los
     on_disk = sum(f.stat().st_size for f in (tmp_path / "state" / "n" / "buffer").glob("buffer.*.bin"))
     assert 0 < on_disk <= 300_000
     assert 0 < metrics.registry.get_sample_value("ncclwatch_forwarder_buffer_bytes") <= 300_000
-    assert any(b.held for b in fwd.batches)
+    assert any(b.held for b in fwd.delivery.batches)
     fwd._checkpoint(force=True)
     fwd.close()
 
@@ -79,15 +79,15 @@ def test_restart_resumes_the_buffer(tmp_path):
     while fwd.spool.bytes_behind() > 0 or fwd.read_total == 0:
         fwd.step()
         assert time.monotonic() < deadline
-    pending = fwd.buffer.pending_bytes
+    pending = fwd.delivery.buffer.pending_bytes
     fwd._checkpoint(force=True)
     fwd.close()
     again = Forwarder(cfg, opts, metrics=ForwarderMetrics())
-    assert again.mode == "spill" and again.buffer.pending_bytes == pending
+    assert again.delivery.mode == "spill" and again.delivery.buffer.pending_bytes == pending
     # Ops of still-open windows are read again to rebuild the windows, but not re-sent.
     batch, n = again._read_batch()
     assert n > 0 and not [m for m in batch.messages if m[0] == cfg.topics.ops]
-    assert isinstance(parse_line(again.buffer.peek()[0][2].split(b"\n")[0]), OpRecord)
+    assert isinstance(parse_line(again.delivery.buffer.peek()[0][2].split(b"\n")[0]), OpRecord)
     again.close()
 
 

@@ -329,17 +329,17 @@ def test_broker_outage_spills_to_disk_and_loses_nothing(kafka_bootstrap, tmp_pat
     t.start()
     stopped = False
     try:
-        _wait(lambda: fwd.sent_total >= 2000, 60, "first part acknowledged")
+        _wait(lambda: fwd.delivery.sent_total >= 2000, 60, "first part acknowledged")
         testing.stop_service("kafka")
         stopped = True
         with open(seg, "ab") as f:
             f.write(b"\n".join(lines[2000:]) + b"\n")
-        _wait(lambda: fwd.mode == "spill" and fwd.buffer.pending_bytes > 0
+        _wait(lambda: fwd.delivery.mode == "spill" and fwd.delivery.buffer.pending_bytes > 0
               and fwd.spool.bytes_behind() == 0, 60, "reading into the disk buffer")
         testing.start_service("kafka")
         stopped = False
-        _wait(lambda: fwd.mode == "direct" and fwd.buffer.empty()
-              and not any(not b.done for b in fwd.batches), 120, "buffer drained")
+        _wait(lambda: fwd.delivery.mode == "direct" and fwd.delivery.buffer.empty()
+              and not any(not b.done for b in fwd.delivery.batches), 120, "buffer drained")
     finally:
         if stopped:
             testing.start_service("kafka")
@@ -362,11 +362,11 @@ def test_a_producer_librdkafka_gave_up_on_is_replaced_and_nothing_is_lost(
                    once=True, compression="gzip", ops_per_message=1, batch_size=100)
     fwd = Forwarder(cfg, opts, metrics=ForwarderMetrics())
     deadline = time.monotonic() + 30
-    while fwd.producer is None or fwd.sent_total == 0:  # connected, something acknowledged
+    while fwd.delivery.producer is None or fwd.delivery.sent_total == 0:  # connected, something acknowledged
         assert time.monotonic() < deadline, "the forwarder never got an acknowledgement"
         fwd.step()
         time.sleep(0.01)
-    first = fwd.producer
+    first = fwd.delivery.producer
     # What librdkafka's error callback delivers when the idempotent producer cannot keep
     # its guarantees any more; from then on the producer refuses every message.
     first.on_error(KafkaError(KafkaError._FATAL, "injected by the test", fatal=True))
