@@ -611,7 +611,7 @@ class KeyView:
         self.degraded_ns = NEVER
         self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
         # The time a rank spends in the key's ops per window, and its last `sustain`
-        # windows (Pipeline._slowed_alike). Its usual value is kept as RatioBaseline
+        # windows (causes.slowed_alike). Its usual value is kept as RatioBaseline
         # keeps a bus bandwidth (in log space; the median of the first BUSY_WARMUP
         # healthy windows, then EW), inline: one of these is learned per verdict.
         self.busy_log: list[float] | float = []  # the warm-up's logs, then the log baseline

@@ -41,7 +41,6 @@ from typing import Any
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import (
-    UNKNOWN_GPU,
     AnomalyEvent,
     DropRecord,
     OpRecord,
@@ -55,12 +54,21 @@ from .attribution import (
     Verdict,
     attribute,
     degraded_now,
-    late_process,
-    processes,
     rule_degraded,
 )
 from .baseline import learn_or_hold
-from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, KeyTuple, incident_id
+from .causes import (
+    LINK_TYPES,
+    echoed_links,
+    hosts_of,
+    link_trouble,
+    name_late_process,
+    process_evidence,
+    slow_gpu_echo,
+    slowed_alike,
+)
+from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, incident_id
+from .job import JobState
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
 from .model import BusbwModel
 from .sustained import FIRE, RESOLVE
@@ -70,44 +78,6 @@ from .throughput import ThroughputTracker
 STATE_VERSION = 1
 DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
 COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
-LINK_TYPES = frozenset({"network_path", "intra_node"})  # what slows the transfers themselves
-
-
-class JobState:
-    __slots__ = (
-        "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
-        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved",
-    )
-
-    def __init__(self, job: str, cfg: DetectorConfig):
-        self.job = job
-        self.watermark = -1  # the job's stream time: largest window end seen
-        self.next_tick_ns = -1
-        self.window_ns = 0
-        self.lateness_ns = 0  # how long an incomplete group waits past its end
-        self.silent = False
-        self.stage: dict[KeyTuple, KeyState] = {}  # the key stage's keys
-        self.keys: dict[KeyTuple, KeyView] = {}  # the job stage's view of them
-        self.pending_keys: dict[KeyTuple, KeyState] = {}  # keys with groups still open
-        self.telemetry = TelemetryTracker()
-        self.throughput = ThroughputTracker(cfg)
-        self.incidents: dict[str, Incident] = {}  # open ones, in opening order
-        self.tp_suppressed = False
-        # Raised comm incidents resolved within reopen_s, by (type, scope): what a key
-        # firing again reopens.
-        self.resolved: dict[tuple[str, str], Incident] = {}
-
-    @property
-    def recent_ns(self) -> int:
-        """How long ago a key's last window may have ended and still say how it is now
-        (a stalled or finished key says nothing)."""
-        return self.lateness_ns + 2 * self.window_ns
-
-    def find(self, type_: str, scope: str | None) -> Incident | None:
-        for inc in self.incidents.values():
-            if inc.type == type_ and (scope is None or inc.scope == scope):
-                return inc
-        return None
 
 
 class Pipeline:
@@ -360,7 +330,7 @@ class Pipeline:
         incident: ranks wait differently when the transfer itself slows, and that is
         one cause, not two.
         """
-        if self._link_trouble(job, ks.comm, self.cfg.straggler_score):
+        if link_trouble(job, ks.comm, self.cfg.straggler_score):
             return
         rank = sc.low_rank
         if rank is None or sc.low_streak < max(1, self.cfg.sustain_windows - 1):
@@ -371,7 +341,7 @@ class Pipeline:
             host=host, rank=rank,
             evidence={"rank_scores": sc.rank_scores, "comm": ks.comm,
                       "spread_effect": round(spread_effect, 6), "waiting_share": sc.waiting,
-                      **_process_evidence(ks, rank)},
+                      **process_evidence(ks, rank)},
         )
         member = (*ks.tuple, "spread")
         inc = self._find_live(job, "straggler", v.scope) or self._reopen(job, "straggler", v.scope, out)
@@ -470,95 +440,6 @@ class Pipeline:
         self._emit(inc.event("firing", job.watermark), out)
         return inc
 
-    @staticmethod
-    def _link_trouble(job: JobState, comm: str | None, late: float) -> bool:
-        """Most keys of ``comm`` are degraded or in a link incident: its transfers slowed.
-
-        A late rank slows one or two of its communicator's operations (those right
-        after its extra work, where even its own kernel waits), while the others keep
-        their speed on the rank that waited least; a slow link slows them all.
-        """
-        keys = [k for k in job.keys.values() if k.comm == comm and k.warm]
-        # a key whose ranks now wait for one of them is that rank's doing, not the link's
-        bad = sum((degraded_now(k) or k.incident is not None) and not rule_degraded(k.spread_rule)
-                  and k.last_spread < late for k in keys)
-        return bool(keys) and 2 * bad > len(keys)
-
-    @staticmethod
-    def _echoed_links(job: JobState, inc: Incident) -> list[Incident]:
-        """The job's link incidents that began no later than this straggler and have the
-        late process as a rank of one of their keys: a slow transfer makes its ranks
-        arrive at their next operation, on another communicator, at different times,
-        which looks like a late rank there (one cause). A process that took no part in
-        the slow transfers is a straggler of its own."""
-        named = _named_key(job, inc)
-        if named is None or inc.rank is None:
-            return []
-        host, proc = named.rank_host.get(inc.rank), processes(named).get(inc.rank)
-        return [
-            o for o in job.incidents.values()
-            if o is not inc and o.type in LINK_TYPES and o.start_ns <= inc.start_ns
-            and any(_has_process(job.keys.get(m[:4]), host, proc) for m in o.members)
-        ]
-
-    @classmethod
-    def _slow_gpu_echo(cls, job: JobState, inc: Incident, late: float) -> bool:
-        """A link incident that a straggler begun no later explains: the late process is a
-        rank of every key of the incident, and an NVLink key it is in is degraded too, or
-        the job's other network keys, those without it, hold. A slower GPU (another
-        process's kernels on it, lower clocks) runs its NCCL kernels slower as well as its
-        compute, so every collective it is in slows, NVLink ones included; a slower
-        network leaves NVLink-only keys alone. A GPU slowed part of the time leaves its
-        NVLink keys' fastest transfers as fast as before (they read as waiting, not
-        degraded), but not the communicators without it: a network that slows slows
-        theirs too. Where every network key has the process, nothing tells the two
-        apart and the incident stands.
-
-        A straggler that its own communicator's link trouble holds back
-        (:meth:`_link_trouble`, ``late`` as there) explains nothing: it is the link's
-        echo, and taking the link incident for its echo in turn would hold both."""
-        for s in job.incidents.values():
-            if s.type != "straggler" or s.start_ns > inc.start_ns or s.rank is None:
-                continue
-            if not s.confirmed and cls._link_trouble(job, s.evidence.get("comm"), late):
-                continue
-            # its key, or (one named across keys) a key of the communicator it names
-            named = _named_key(job, s) or next(
-                (v for v in job.keys.values() if v.comm == s.evidence.get("comm") and s.rank in v.rank_host), None)
-            if named is None:
-                continue
-            host, proc = named.rank_host.get(s.rank), processes(named).get(s.rank)
-            members = [job.keys.get(m[:4]) for m in inc.members]
-            if not members or not all(_has_process(v, host, proc) for v in members):
-                continue
-            if any(v.transport == "nvlink" and degraded_now(v) and _has_process(v, host, proc)
-                   for v in job.keys.values()):
-                return True
-            since = job.watermark - job.recent_ns
-            without = [v for v in job.keys.values() if v.transport in NETWORK_TRANSPORTS and v.warm
-                       and v.last_end_ns >= since and not _has_process(v, host, proc)]
-            if without and not any(degraded_now(v) for v in without):
-                return True
-        return False
-
-    @staticmethod
-    def _name_late_process(job: JobState, inc: Incident) -> None:
-        """Name the process every communicator's spread points at (:func:`late_process`),
-        which may not be the rank the first key to fire named."""
-        named = _named_key(job, inc)
-        if named is None or inc.rank is None:
-            return
-        view, rank = late_process(job.keys.values(), (named, inc.rank))
-        if view is named and rank == inc.rank:
-            return
-        # kept from the first renaming: each check before the incident is raised may rename
-        inc.evidence.setdefault("named_first", {"comm": named.comm, "rank": inc.rank})
-        inc.rank, inc.host, inc.key = rank, view.rank_host.get(rank), view.describe()
-        inc.evidence.update(comm=view.comm, rank_scores=view.spread_scores)
-        inc.evidence.pop("gpu", None)
-        inc.evidence.pop("pid", None)
-        inc.evidence.update(_process_evidence(view, rank))
-
     def _reports_throughput(self, job: JobState) -> bool:
         ts = job.throughput.ts_ns
         return ts > 0 and job.watermark - ts <= self._timeout_ns
@@ -585,9 +466,9 @@ class Pipeline:
         if inc.type in LINK_TYPES:
             if not self._reattribute(job, inc):
                 return
-            if self._slow_gpu_echo(job, inc, cfg.straggler_score):
+            if slow_gpu_echo(job, inc, cfg.straggler_score):
                 return  # the straggler's GPU slows its own transfers too: one cause
-            if loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0]):
+            if loss is not None and slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise):
                 return  # the job's own slowdown (throughput_drop), not its links'
         if inc.type == "straggler":
             # Ranks also wait differently when the transfer itself slows: give the
@@ -595,8 +476,8 @@ class Pipeline:
             window = job.window_ns or DEFAULT_WINDOW_NS
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
-            self._name_late_process(job, inc)
-            if self._link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score) or self._echoed_links(job, inc):
+            name_late_process(job, inc)
+            if link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score) or echoed_links(job, inc):
                 return  # one cause: the link
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause
@@ -628,69 +509,19 @@ class Pipeline:
         early = tp.delta(start, min(now_ns, start + span))
         return None if now is None or early is None else (now, early)
 
-    def _slowed_alike(self, job: JobState, network: bool, drop: float) -> bool:
-        """The job's network (or NVLink) operations slowed no more than the rest of its steps.
-
-        A slower link costs the job the extra time its operations take, so the share of
-        a rank's time spent in them rises: by ``drop * (e / b - 1)`` of their usual share
-        ``b`` for a job losing ``drop`` of its throughput, ``e`` being the part of the
-        lost time they account for (``e`` near 1 for a link fault). When everything
-        slows alike (compute contending with NCCL's kernels on every GPU, a lower clock)
-        their bus bandwidth falls as much as the job's speed, yet their share holds
-        (``e = b``). So the class slowed alike when its share rose by less than
-        ``link_share_rise * drop``: its keys account for less than ``1 + link_share_rise``
-        times their usual share of the lost time, and for less than halfway from that
-        share to all of it (``e < (1 + b) / 2``: where the class is most of a step, as in a
-        communication-bound job, ``(1 + link_share_rise) * b`` would be most of the way
-        to a link fault's ``e = 1``). Only where the check can tell: the
-        class has keys with a share baseline, reporting now, whose usual shares add up to
-        at most ``1 / (1 + link_share_rise)`` (beyond it a slower link moves the share too
-        little to see).
-        """
-        rise = self.cfg.link_share_rise
-        if rise <= 0 or drop <= 0:
-            return False
-        fresh = job.watermark - job.recent_ns
-        usual = recent = share = 0.0
-        for view in job.keys.values():
-            # Every key of the class, not an incident's members alone: a slower path costs
-            # the job through all its keys, and the loss is the whole job's.
-            b = view.busy_usual
-            if ((view.transport in NETWORK_TRANSPORTS) != network or b is None
-                    or not view.busy_recent or view.last_end_ns < fresh):
-                continue
-            usual += b
-            recent += sum(view.busy_recent) / len(view.busy_recent)
-            # An upper bound on a rank's share: each key's ranks counted as if in all keys.
-            share += b / view.window_ns
-        if not usual or share > 1.0 / (1.0 + rise):
-            return False
-        # e < (1 + b) / 2 is a share rise under drop * (1 - b) / (2 * b)
-        return recent / usual < 1.0 + min(rise, (1.0 - share) / (2.0 * share)) * drop
-
     def _excused(self, job: JobState, inc: Incident) -> bool:
         """A quiet incident that is not NCCL's trouble: a link incident whose class slowed
-        alike with the job (:meth:`_slowed_alike`), or a straggler that only echoes such
-        link incidents (:meth:`_echoed_links`)."""
+        alike with the job (:func:`~.causes.slowed_alike`), or a straggler that only echoes such
+        link incidents (:func:`~.causes.echoed_links`)."""
         if inc.confirmed:
             return False
         if inc.type == "straggler":
-            links = self._echoed_links(job, inc)
+            links = echoed_links(job, inc)
             return bool(links) and all(self._excused(job, o) for o in links)
         if inc.type not in LINK_TYPES:
             return False
         loss = self._job_loss(job, inc)
-        return loss is not None and self._slowed_alike(job, inc.type == "network_path", -loss[0])
-
-    @staticmethod
-    def _hosts_of(job: JobState, members: list) -> list[str]:
-        """The nodes whose ranks the incident's keys span (a network path's two ends)."""
-        hosts: set[str] = set()
-        for gk in members:
-            ks = job.keys.get(gk[:4])
-            if ks is not None:
-                hosts.update(ks.rank_host.values())
-        return sorted(hosts)
+        return loss is not None and slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise)
 
     def _reattribute(self, job: JobState, inc: Incident) -> bool:
         """Name the transport class that degraded now, whichever key fired first.
@@ -744,7 +575,7 @@ class Pipeline:
                 other.members.append(gk)
                 other.n_members += 1
             if want == "network_path":
-                other.evidence["hosts"] = self._hosts_of(job, other.members)
+                other.evidence["hosts"] = hosts_of(job, other.members)
             del job.incidents[inc.id]
             return False
         del job.incidents[inc.id]
@@ -753,7 +584,7 @@ class Pipeline:
         inc.scope = "" if want == "network_path" else (inc.host or "")
         if want == "network_path":
             inc.host = None  # a path between nodes: the nodes are in evidence["hosts"]
-            inc.evidence["hosts"] = self._hosts_of(job, inc.members)
+            inc.evidence["hosts"] = hosts_of(job, inc.members)
         inc.id = incident_id(job.job, inc.type, inc.scope, inc.start_ns)
         job.incidents[inc.id] = inc
         for gk in inc.members:
@@ -1034,7 +865,7 @@ class Pipeline:
             if ks.incident is None:
                 net = ks.transport in NETWORK_TRANSPORTS
                 if net not in alike:
-                    alike[net] = d is not None and self._slowed_alike(job, net, -d)
+                    alike[net] = d is not None and slowed_alike(job, net, -d, self.cfg.link_share_rise)
                 if alike[net]:
                     continue
             return True
@@ -1192,32 +1023,6 @@ class Pipeline:
         for name, js in state["jobs"]:
             p._jobs[name] = _job_from_state(name, js, p.cfg, p._p)
         return p
-
-
-def _named_key(job: JobState, inc: Incident) -> KeyView | None:
-    """The job stage's view of the key an incident names (its ``key``)."""
-    k = inc.key
-    return job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
-
-
-def _process_evidence(view: Any, rank: int) -> dict[str, Any]:
-    """What an event says of a rank's process: its GPU and process id, where known."""
-    out: dict[str, Any] = {}
-    if (gpu := view.rank_gpu.get(rank)) and gpu != UNKNOWN_GPU:
-        out["gpu"] = gpu
-    if pid := view.rank_pid.get(rank):
-        out["pid"] = pid
-    return out
-
-
-def _has_process(view: KeyView | None, host: str | None, proc: tuple[str, str] | None) -> bool:
-    """The key has process ``proc`` among its ranks (:func:`processes`), or, where the
-    process is not known, a rank on ``host``."""
-    if view is None:
-        return False
-    if proc is None:
-        return host in view.rank_host.values()
-    return proc in processes(view).values()
 
 
 def _job_state(job: JobState) -> dict[str, Any]:
