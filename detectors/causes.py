@@ -38,21 +38,37 @@ def link_trouble(job: JobState, comm: str | None, late: float) -> bool:
               and k.last_spread < late for k in keys)
     return bool(keys) and 2 * bad > len(keys)
 
-def echoed_links(job: JobState, inc: Incident) -> list[Incident]:
+def echoed_links(job: JobState, inc: Incident, reopen_ns: int = 0) -> list[Incident]:
     """The job's link incidents that began no later than this straggler and have the
     late process as a rank of one of their keys: a slow transfer makes its ranks
     arrive at their next operation, on another communicator, at different times,
     which looks like a late rank there (one cause). A process that took no part in
-    the slow transfers is a straggler of its own."""
+    the slow transfers is a straggler of its own.
+
+    Raised link incidents that resolved within ``reopen_ns`` (stream time) count too:
+    an intermittent fault resolves between its pulses and reopens with the next, while
+    the ranks it keeps apart stay apart; its straggler echo is no cause of its own for
+    being still there in the pause."""
     named = named_key(job, inc)
     if named is None or inc.rank is None:
         return []
     host, proc = named.rank_host.get(inc.rank), processes(named).get(inc.rank)
-    return [
-        o for o in job.incidents.values()
-        if o is not inc and o.type in LINK_TYPES and o.start_ns <= inc.start_ns
-        and any(has_process(job.keys.get(m[:4]), host, proc) for m in o.members)
-    ]
+    since = job.watermark - reopen_ns
+    open_ = [o for o in job.incidents.values()
+             if o is not inc and o.type in LINK_TYPES and o.start_ns <= inc.start_ns
+             and any(has_process(job.keys.get(m[:4]), host, proc) for m in o.members)]
+    if not reopen_ns:
+        return open_
+    # a resolved incident has no members left: the keys it listed say where it was
+    paused = [o for o in job.resolved.values()
+              if o.type in LINK_TYPES and o.end_ns is not None and o.end_ns >= since
+              and o.start_ns <= inc.start_ns
+              and any(has_process(job.keys.get(_key_of(d)), host, proc) for d in o.listed)]
+    return open_ + paused
+
+
+def _key_of(described: dict[str, Any]) -> tuple:
+    return (described["comm"], described["op"], described["size_bucket"], described["transport"])
 
 
 def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:

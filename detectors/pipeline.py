@@ -477,7 +477,8 @@ class Pipeline:
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
             name_late_process(job, inc)
-            if link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score) or echoed_links(job, inc):
+            if (link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score)
+                    or echoed_links(job, inc, int(cfg.reopen_s * 1e9))):
                 return  # one cause: the link
         if inc.id not in job.incidents:
             return  # merged into an open incident of the same cause

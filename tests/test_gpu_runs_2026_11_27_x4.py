@@ -328,6 +328,23 @@ def test_the_sixteenth_batch_held_out_as_first_judged(rows):
     assert rows["i4-sock-n8-y"]["got"] == "-" and rows["i4-sock-n8-y"]["false_alerts"] == [], table
 
 
+def test_the_seventeenth_batch_held_out_after_the_change_it_led_to(rows):
+    """Plan z, held out: a pulsed throttle (5 s on, 3 s off) and proxy starvation through
+    Inspector, an 8-s throttle, a 1.15x straggler, a GPU shared 30 % of the time on one
+    NVLink node, a stepped-down rate, clean. Judged once by 0c459cb: 6 of 7, the pulsed
+    throttle also raising a straggler 17.2 s in, its echo, raised when the link incident
+    resolved between two pulses. A link incident resolved within reopen_s still explains
+    its echoes (causes.echoed_links): 7 of 7."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_14"])])
+    assert all(rows[n]["ok"] and rows[n]["false_alerts"] == [] for n in SPLIT["heldout_14"]), table
+    r = rows["i4-pulse-5-3-tc-20g-z"]
+    assert (r["got"], r["delay_s"]) == ("network_path", 3.2), table
+    for name in ("i4-cpu-k1-z", "p4-ramp-40-16g-z", "p4-tc-28g-8s-z"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    assert rows["p4n1-gpuhog-g1-0.3-z"]["got"] == "straggler rank 1", table
+    assert rows["i4-strag-r2-1.15x-z"]["got"].startswith("straggler"), table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

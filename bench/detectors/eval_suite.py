@@ -250,7 +250,11 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_13", "Sixteenth batch, held out: fault kinds and sizes earlier batches "
+    for half, heading in (("heldout_14", "Seventeenth batch, held out: a pulsed throttle through Inspector, "
+                                         "an 8-s throttle, a 1.15x straggler, a GPU shared 30 % of the time, "
+                                         "proxy starvation, a stepped rate, clean (judged once by 0c459cb: "
+                                         "6 of 7; 7 of 7 after the change it led to)"),
+                          ("heldout_13", "Sixteenth batch, held out: fault kinds and sizes earlier batches "
                                          "had through the other profiler or layout, a fault from 11 s, a "
                                          "30-s fault (judged once by 0a0556a: 6 of 7)"),
                           ("heldout_12", "Fifteenth batch, held out after those changes "
@@ -279,7 +283,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """114 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+GPU_RUNS_11_27_X4 = """121 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
 `bench/scenarios/plans/2026-11-27-{j,...,x}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
@@ -377,8 +381,12 @@ or layout, a straggler from 11 s, a 30-s throttle, clean), judged once by 0a0556
 7; the miss a real 5-s dip of the clean run's loopback network (25 % on its keys, 13 % of
 its throughput) 8 s into the job, raised as `network_path` for 3 s, the shortest a
 sustained degradation can be; a fourth window before firing would drop it but make 37
-right answers of the 168 runs before it wrong (most past the 5-s bound). 105 of the 114
-right.
+right answers of the 168 runs before it wrong (most past the 5-s bound). The seventeenth
+(plan `z`, held out: a pulsed throttle, an 8-s throttle, a 1.15× straggler, a GPU shared
+30 % of the time, proxy starvation through Inspector, a stepped rate, clean), judged once
+by 0c459cb: 6 of 7, the miss a straggler raised beside a pulsed throttle's `network_path`
+when the link incident resolved between pulses; 7 of 7 once a link incident resolved
+within `reopen_s` still explains its echoes (no other row changed). 112 of the 121 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
