@@ -345,6 +345,20 @@ def test_the_seventeenth_batch_held_out_after_the_change_it_led_to(rows):
     assert rows["i4-strag-r2-1.15x-z"]["got"].startswith("straggler"), table
 
 
+def test_the_eighteenth_batch_held_out_after_the_pause_change(rows):
+    """Plan aa, recorded after the seventeenth batch's change and held out: pulsed
+    throttles of other periods (6 s on 2 off; 3 on 3 off through Inspector), plain
+    stragglers through both profilers, clean, competing sockets under the gate, four
+    pretend nodes. Judged once by 0d933ae: 7 of 7 (0c459cb, before it, the same)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_15"])])
+    assert all(rows[n]["ok"] and rows[n]["false_alerts"] == [] for n in SPLIT["heldout_15"]), table
+    for name in ("p4-pulse-6-2-tc-16g-aa", "i4-pulse-3-3-tc-12g-aa", "i4n4-tc-16g-aa"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    assert rows["p4-strag-r1-1.3x-aa"]["got"] == "straggler rank 1", table
+    assert rows["i4-strag-r3-1.5x-aa"]["got"] == "straggler rank 3", table
+    assert rows["i4-clean-aa"]["got"] == "-" and rows["p4-sock-n8-aa"]["got"] == "-", table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

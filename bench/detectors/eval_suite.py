@@ -250,7 +250,11 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_14", "Seventeenth batch, held out: a pulsed throttle through Inspector, "
+    for half, heading in (("heldout_15", "Eighteenth batch, held out after the change the seventeenth led to: "
+                                         "pulsed throttles of other periods, stragglers, clean, competing "
+                                         "sockets, four pretend nodes (judged once by 0d933ae: 7 of 7; the "
+                                         "code before the change the same)"),
+                          ("heldout_14", "Seventeenth batch, held out: a pulsed throttle through Inspector, "
                                          "an 8-s throttle, a 1.15x straggler, a GPU shared 30 % of the time, "
                                          "proxy starvation, a stepped rate, clean (judged once by 0c459cb: "
                                          "6 of 7; 7 of 7 after the change it led to)"),
@@ -283,7 +287,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """121 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+GPU_RUNS_11_27_X4 = """128 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
 `bench/scenarios/plans/2026-11-27-{j,...,x}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
@@ -386,7 +390,10 @@ right answers of the 168 runs before it wrong (most past the 5-s bound). The sev
 30 % of the time, proxy starvation through Inspector, a stepped rate, clean), judged once
 by 0c459cb: 6 of 7, the miss a straggler raised beside a pulsed throttle's `network_path`
 when the link incident resolved between pulses; 7 of 7 once a link incident resolved
-within `reopen_s` still explains its echoes (no other row changed). 112 of the 121 right.
+within `reopen_s` still explains its echoes (no other row changed). The eighteenth (plan
+`aa`, held out after that change: pulsed throttles of other periods and stragglers through
+both profilers, clean, competing sockets, four pretend nodes), judged once by 0d933ae: 7 of
+7 (the code before the change the same). 119 of the 128 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
