@@ -61,6 +61,7 @@ from ncclwatch.detectors.stream import (
     StreamCore,
     TimeMerge,
     collect_less_often,
+    job_partition,
 )
 
 from ncclwatch import progress, routing
@@ -525,6 +526,7 @@ class Worker:
         self._rebalances = 0  # partitions revoked or assigned, so far
         self._batch_began = 0  # ... when the current batch began
         self._settled = False  # partitions assigned, none revoked since
+        self._adopted_at = -1  # the rebalance count saved jobs were last adopted at
         self._stream: Any = None
         self._lock = asyncio.Lock()
         self.stats = WorkerStats()
@@ -765,6 +767,9 @@ class Worker:
         if self._ready() and self.order.due(time.monotonic()):
             async with self._lock:
                 await self._seek_back()
+        if self.stage != "keys" and self._ready() and self._adopted_at != self._rebalances:
+            async with self._lock:
+                self._adopt_saved_jobs()
         if self.stage == "keys" and self._stream is None and self._ready():
             async with self._lock:
                 futures = await self._send_marks()
@@ -774,13 +779,27 @@ class Worker:
         idle = not self.core.merge.held and not (self.core.save_pending and self.core.save_due())
         if self.stage == "jobs" and self.core.detectors.waiting():
             idle = False  # records wait out IDLE_AFTER_S for key stages that are all idle
-        if self.stage != "keys" and self.core.detectors.quiet_due():
-            idle = False  # jobs that ended: nothing newer will move their stream time
-        if self._stream is None or not self._ready() or (idle and self.stage != "keys"):
+        # jobs that ended: nothing newer will move their stream time (a worker that
+        # restarted after they did has read nothing at all: no stream, nothing to ack)
+        quiet = self.stage != "keys" and self.core.detectors.quiet_due()
+        if quiet:
+            idle = False
+        if (self._stream is None and not quiet) or not self._ready() or (idle and self.stage != "keys"):
             return
         async with self._lock:
             self._batch_began = self._rebalances
             await self._finish(self.core.handle([], self.kinds))
+
+    def _adopt_saved_jobs(self) -> None:
+        """After an assignment: load the saved jobs of our partitions that left incidents
+        open, so that those of a job that ended before a restart end too (quiet_end_s)."""
+        self._adopted_at = self._rebalances
+        n = self.cfg.topics.partitions
+        ours = {tp.partition for tp in self.app.consumer.assignment() if tp.topic in self.inputs}
+        adopted = [job for job in list(self.table.keys())
+                   if (p := job_partition(job, n)) in ours and self.core.adopt_saved(job, p)]
+        if adopted:
+            log.info("saved jobs with open incidents loaded: %d", len(adopted))
 
     def _ready(self) -> bool:
         """Partitions assigned, none revoked since, and the tables recovered (Faust's

@@ -381,6 +381,16 @@ class JobDetectors:
             events += self.advance(self.stream_ns[group] + int(quiet_s * 1e9), group)
         return events
 
+    def adopt(self, job: str, group: int) -> None:
+        """A job restored from saved state with nothing of it read since (a worker that
+        restarted after the job ended): put it in ``group`` at its last record's time, so
+        :meth:`quiet` ends what it left open. Its stream time counts from now."""
+        self.group_of[job] = group
+        last = self.pipeline(job).last_end_ns
+        if last > self.stream_ns.get(group, -1):
+            self.stream_ns[group] = last
+        self._heard.setdefault(group, self.clock())
+
     def quiet_due(self) -> bool:
         """Whether :meth:`quiet` has a group to advance."""
         return bool(self._quiet_groups(self.clock()))
@@ -911,6 +921,22 @@ class StreamCore:
                 positions = {}
             self.positions[job] = positions
         return positions
+
+    def adopt_saved(self, job: str, partition: int) -> bool:
+        """Load a saved job that left incidents open, for :meth:`JobDetectors.quiet` to
+        end once its partition stays quiet: a job that ended before a restart sends
+        nothing that would load it. Whether it was loaded."""
+        detectors = self.detectors
+        if not isinstance(detectors, JobDetectors) or job in detectors.pipelines or not detectors.quiet_end_s:
+            return False
+        saved = self.load_state(job)
+        pipeline = (saved or {}).get("detectors", {}).get("pipeline", {})
+        if not any(st.get("incidents") and not st.get("silent") for _, st in pipeline.get("jobs", [])):
+            return False
+        self._ensure(job)
+        self.partition_of[job] = partition
+        detectors.adopt(job, partition)
+        return True
 
     def forget(self) -> None:
         """Drop every cached job and held message (on rebalance: they come again)."""

@@ -18,6 +18,7 @@ from ncclwatch_testkit.drivers import (
     read_events,
     scenario_records,
     topics_env,
+    wait_consumed,
 )
 from test_quiet_end import SCENARIO, _cut_while_firing
 
@@ -64,3 +65,31 @@ def test_a_worker_resolves_the_incidents_of_a_job_that_went_quiet(kafka_bootstra
     assert sorted((e["id"], e["type"], e["start_ns"], e["end_ns"]) for e in resolved) == want, logs
     assert {e["evidence"].get("resolved_because") for e in resolved} == {"job_silent"}
     assert rcs == [0] * len(stages), logs
+
+
+def test_a_worker_restarted_after_the_job_ended_still_ends_its_incidents(kafka_bootstrap, tmp_path, head):
+    # The job ended while the first worker ran (which did not wait long enough to end
+    # it); the next one reads nothing of it, and loads its saved state to end it.
+    env = topics_env(kafka_bootstrap, partitions=2)
+    create_topics(env)
+    publish(env, head)
+    want = _library_resolutions(env, head)
+    app_id = testing.unique_name("app")
+    first = WorkerProcess({**env, "NCCLWATCH_DETECTOR_QUIET_END_S": "3600"}, app_id, tmp_path).start()
+    try:
+        fired = read_events(env, min_count=len(want), idle_s=2.0, timeout_s=120)
+        cfg = config_of(env)
+        wait_consumed(env, app_id, [cfg.topics.windows, cfg.topics.throughput], timeout_s=60)
+    finally:
+        rc_first = first.stop()
+    assert {e["id"] for e in fired if e["state"] == "firing"} == {w[0] for w in want}, first.output()
+    assert not [e for e in fired if e["state"] == "resolved"]
+    second = WorkerProcess({**env, "NCCLWATCH_DETECTOR_QUIET_END_S": str(QUIET_S)}, app_id, tmp_path).start()
+    try:
+        events = read_events(env, min_count=len(fired) + len(want), idle_s=QUIET_S + 2, timeout_s=150)
+    finally:
+        rc_second = second.stop()
+    resolved = [e for e in events if e["state"] == "resolved"]
+    assert sorted((e["id"], e["type"], e["start_ns"], e["end_ns"]) for e in resolved) == want, second.output()
+    assert {e["evidence"].get("resolved_because") for e in resolved} == {"job_silent"}
+    assert (rc_first, rc_second) == (0, 0)
