@@ -68,6 +68,7 @@ def echoed_links(job: JobState, inc: Incident, reopen_ns: int = 0) -> list[Incid
 
 
 def _key_of(described: dict[str, Any]) -> tuple:
+    """The key tuple of a key as events describe it (an incident's ``key``, its ``listed``)."""
     return (described["comm"], described["op"], described["size_bucket"], described["transport"])
 
 
@@ -177,8 +178,7 @@ def hosts_of(job: JobState, members: list) -> list[str]:
 
 def named_key(job: JobState, inc: Incident) -> KeyView | None:
     """The job stage's view of the key an incident names (its ``key``)."""
-    k = inc.key
-    return job.keys.get((k["comm"], k["op"], k["size_bucket"], k["transport"]))
+    return job.keys.get(_key_of(inc.key))
 
 
 def process_evidence(view: Any, rank: int) -> dict[str, Any]:
