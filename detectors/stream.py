@@ -379,6 +379,8 @@ class JobDetectors:
             if any(self.merges.get(job) for job, g in self.group_of.items() if g == group):
                 continue
             events += self.advance(self.stream_ns[group] + int(quiet_s * 1e9), group)
+            if group not in self.group_of.values():
+                del self._heard[group]  # every job of it forgotten: nothing left to end
         return events
 
     def adopt(self, job: str, group: int) -> None:

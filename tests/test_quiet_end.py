@@ -122,6 +122,20 @@ def test_off_and_busy_groups_are_left_alone(cut):
     assert clock.now - start > 60.0
 
 
+def test_a_quiet_group_stops_asking_once_its_jobs_are_forgotten(cut):
+    # job_evict_s of quiet: the job is dropped, and the group is no longer quiet (the
+    # worker's tick stops running batches for it)
+    head, _ = cut
+    clock = Clock()
+    d, _ = _fed(head, clock, quiet_end_s=60.0, job_evict_s=600.0)
+    clock.now += 60.0
+    assert d.quiet() and d.quiet_due()
+    clock.now += 600.0
+    assert d.quiet() == [] and d.pipelines == {}
+    assert d.evicted == [head[0].job]
+    assert not d.quiet_due()
+
+
 def test_the_knob_refuses_negative_values():
     with pytest.raises(ValueError, match="quiet_end_s"):
         DetectorConfig(quiet_end_s=-1.0)
