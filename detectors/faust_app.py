@@ -54,6 +54,7 @@ from typing import Any
 from ncclwatch.detectors import faust_transport
 from ncclwatch.detectors.keys import encode_mark, encode_verdict
 from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
+from ncclwatch.detectors.saved import PART_BYTES, StateCodec, state_of
 from ncclwatch.detectors.stream import (
     BatchOutcome,
     JobDetectors,
@@ -72,6 +73,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_APP_ID = "ncclwatch-detectors"
 TABLE_NAME = "detector-state"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, not {text}")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,6 +127,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="save touched states at most this often, and no more often than every 5x what "
         "building the last save took (a 16k-GPU job's state is MBs); messages are "
         "acknowledged only once a save covers them (default 1.0; 0: after every batch)",
+    )
+    p.add_argument(
+        "--state-part-bytes",
+        type=_positive_int,
+        default=PART_BYTES,
+        help="a saved state longer than this goes into the table in parts of this size (a "
+        "16k-GPU job's state is ~6.5 MB; default %(default)s, under a broker's default 1 MB message)",
     )
     p.add_argument(
         "--stage",
@@ -451,6 +469,7 @@ class Worker:
         drain: Any = None,
         stage: str = "all",
         save_every_s: float = 1.0,
+        state_part_bytes: int = PART_BYTES,
     ):
         import faust
 
@@ -500,8 +519,11 @@ class Worker:
         # the key stage's verdicts go where the job stage reads them; the others' events
         self.events_out = app.topic(names["verdicts" if stage == "keys" else "anomalies"], **raw)
         self.dead_out = app.topic(names["dead_letter"], **raw)
-        self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str,
+        # values are the codec's bytes (JSON, as Faust wrote them before; bytes: "raw"):
+        # a large state goes in parts, and the worker encodes it once
+        self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str, value_type=bytes,
                                extra_topic_configs={"max.message.bytes": str(STATE_MESSAGE_BYTES)})
+        self.saved = StateCodec(state_part_bytes)
         merge = TimeMerge(max_hold_s=cfg.detector.merge_max_hold_s)
         if stage == "keys":
             # one time-merge group: the worker reads all its partitions abreast
@@ -549,7 +571,7 @@ class Worker:
         self._last_read.clear()
 
     def _load_state(self, job: str) -> dict | None:
-        return self.table.get(job)
+        return self.saved.load(self.table.get, job)
 
     def _wire(self) -> None:
         app, w = self.app, self
@@ -796,8 +818,8 @@ class Worker:
         self._adopted_at = self._rebalances
         n = self.cfg.topics.partitions
         ours = {tp.partition for tp in self.app.consumer.assignment() if tp.topic in self.inputs}
-        adopted = [job for job in list(self.table.keys())
-                   if (p := job_partition(job, n)) in ours and self.core.adopt_saved(job, p)]
+        saved = [job for key in list(self.table.keys()) if (job := state_of(key)) is not None]
+        adopted = [job for job in saved if (p := job_partition(job, n)) in ours and self.core.adopt_saved(job, p)]
         if adopted:
             log.info("saved jobs with open incidents loaded: %d", len(adopted))
 
@@ -847,13 +869,13 @@ class Worker:
             return
         for job, (partition, state) in out.states.items():
             # Not ``table[job] = state``: that takes the partition from the *current*
-            # event, and a batch spans partitions.
-            if state is None:  # the job was forgotten: a tombstone, compacted away
-                self.table.data.pop(job, None)
-                self.table.send_changelog(partition, job, None, value_serializer="raw")
-            else:
-                self.table.data[job] = state
-                self.table.send_changelog(partition, job, state)
+            # event, and a batch spans partitions. A job's parts go to its partition.
+            for key, value in self.saved.entries(job, state):
+                if value is None:  # forgotten, or a part no longer used: compacted away
+                    self.table.data.pop(key, None)
+                else:
+                    self.table.data[key] = value
+                self.table.send_changelog(partition, key, value, value_serializer="raw")
         for m in out.done:
             event = self._pending.pop((m.topic, m.partition, m.offset), None)
             if event is not None:
@@ -1094,7 +1116,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         datadir = scratch.name
     drain = DrainWatch(cfg, app_id, stage) if args.until_caught_up else None
     w = Worker(cfg, app_id, batch_size=args.batch_size, batch_within_s=args.batch_within_s, datadir=datadir,
-               drain=drain, stage=stage, save_every_s=args.save_every_s)
+               drain=drain, stage=stage, save_every_s=args.save_every_s,
+               state_part_bytes=args.state_part_bytes)
     _start_metrics(w, args.metrics_port)
     if cfg.alerting.alertmanager_url:
         from ncclwatch.alerting.sink import AlertSink

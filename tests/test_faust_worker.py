@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from ncclwatch.detectors import faust_app
 from ncclwatch.ingest.recording import record_time_ns
 from ncclwatch_testkit import services as testing
 from ncclwatch_testkit.drivers import (
@@ -113,9 +114,11 @@ def test_bad_messages_go_to_the_dead_letter_topic_with_the_reason(one_run):
     assert all(d["source"].startswith("kafka:") and d["offset"] >= 0 for d in dead)
 
 
-def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka_bootstrap, tmp_path):
+@pytest.mark.parametrize("part_bytes", [None, 2048], ids=["whole", "in-parts"])
+def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka_bootstrap, tmp_path, part_bytes):
     """Warm up, SIGKILL, restart, degrade: caught on time. Kill again while firing, restart,
-    recover: resolved once. The events equal one uninterrupted in-process run's."""
+    recover: resolved once. The events equal one uninterrupted in-process run's. In parts:
+    the job's state (~20 KB) is saved as parts of 2 KB, as a 100k-GPU job's is of 512 KB."""
     env = topics_env(kafka_bootstrap)
     create_topics(env)
     cfg = config_of(env)
@@ -127,7 +130,8 @@ def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka
     expected = reference_events(env, records)
     assert [e.state for e in expected].count("firing") >= 1 and "resolved" in [e.state for e in expected]
 
-    worker = WorkerProcess(env, testing.unique_name("app"), tmp_path)
+    args = ("--state-part-bytes", str(part_bytes)) if part_bytes else ()
+    worker = WorkerProcess(env, testing.unique_name("app"), tmp_path, *args)
     inputs = [cfg.topics.windows, cfg.topics.throughput]
     try:
         publish(env, warm)
@@ -154,6 +158,12 @@ def test_restarted_worker_keeps_its_baselines_and_loses_or_repeats_nothing(kafka
     # detected at the same stream time as without restarts: no re-warm-up
     want_detected = sorted((e.id, e.state, e.detected_ns) for e in expected)
     assert sorted((e["id"], e["state"], e["detected_ns"]) for e in events) == want_detected
+    # what the changelog holds: the job's state whole, or its head and parts of at most 2 KB
+    changelog = read_topic(kafka_bootstrap, f"{worker.app_id}-{faust_app.TABLE_NAME}-changelog", min_count=1)
+    parts = [m for m in changelog if m.value is not None and json.loads(m.key).startswith("\x00p")]
+    heads = [json.loads(m.value) for m in changelog if m.value is not None and json.loads(m.key) == "job-r"]
+    assert heads and ("parted" in heads[-1] if part_bytes else not parts)
+    assert all(len(m.value) <= part_bytes for m in parts) and (len(parts) > 10 if part_bytes else True)
 
 
 def test_two_workers_of_one_group_give_one_workers_events_and_commit_every_input(kafka_bootstrap, tmp_path):

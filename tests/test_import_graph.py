@@ -43,7 +43,7 @@ LAYERS: dict[str, int] = {
     "ncclwatch.detectors.faust_transport": RUNNER,
     "ncclwatch.detectors.replay": RUNNER, "ncclwatch.detectors.stream": RUNNER,
     "ncclwatch.detectors.messages": RUNNER, "ncclwatch.detectors.playback": RUNNER,
-    "ncclwatch.detectors.console": RUNNER,
+    "ncclwatch.detectors.console": RUNNER, "ncclwatch.detectors.saved": RUNNER,
     "ncclwatch.detectors.drain": RUNNER, "ncclwatch.detectors.evaluate": RUNNER,
     "ncclwatch.dashboards.report": RUNNER, "ncclwatch.alerting.alert_test": RUNNER,
     "ncclwatch.alerting.prom_rules": RUNNER,

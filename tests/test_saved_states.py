@@ -1,0 +1,116 @@
+"""Saved states in parts (``detectors/saved.py``): what recovery reads is always one
+whole save, whatever the table's size limit and wherever a worker stops."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from ncclwatch.detectors.saved import StateCodec, part_key, state_of, table_key
+
+
+def apply(table: dict[str, bytes], entries) -> None:
+    """What a compacted changelog holds after ``entries``: the last value per key."""
+    for key, value in entries:
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+
+def state(seed: int, size: int) -> dict:
+    rng = random.Random(seed)
+    return {"v": 1, "seed": seed, "ranks": [[f"node{rng.randrange(99)}", rng.random()] for _ in range(size)]}
+
+
+@pytest.mark.parametrize("part_bytes", [1, 7, 100, 4096])
+def test_every_save_loads_back_exactly_whole_or_in_parts(part_bytes):
+    codec, table = StateCodec(part_bytes), {}
+    for seed, size in enumerate([0, 40, 3, 200, 200, 1, 0, 90]):
+        st = state(seed, size)
+        apply(table, codec.entries("job", st))
+        assert StateCodec(part_bytes).load(table.get, "job") == st
+        assert all(len(v) <= max(part_bytes, 120) for k, v in table.items() if state_of(k) is None)
+        # nothing but the head and the parts it names: the previous save's are gone
+        head = json.loads(table["job"])
+        assert len(table) == 1 + (head["parts"] if "parted" in head else 0)
+
+
+@pytest.mark.parametrize("part_bytes", [16, 300])
+def test_a_save_cut_short_anywhere_leaves_the_state_before_it_or_the_new_one(part_bytes):
+    """A worker killed between two writes of a save: recovery reads the last whole save."""
+    sizes = [50, 80, 20, 0, 60]
+    for restart_at in range(len(sizes)):
+        before = None
+        codec, table = StateCodec(part_bytes), {}
+        for i, size in enumerate(sizes):
+            st = state(i, size)
+            entries = codec.entries("job", st)
+            if i == restart_at:
+                for cut in range(len(entries) + 1):
+                    t = dict(table)
+                    apply(t, entries[:cut])
+                    got = StateCodec(part_bytes).load(t.get, "job")
+                    assert got == (st if cut == len(entries) else before) or (got == st and cut >= 1), (i, cut)
+                # the worker restarts on a cut-short table, loads, and saves again
+                cut = len(entries) // 2
+                apply(table, entries[:cut])
+                codec = StateCodec(part_bytes)
+                loaded = codec.load(table.get, "job")
+                assert loaded in (before, st)
+                apply(table, codec.entries("job", st))
+            else:
+                apply(table, entries)
+            assert StateCodec(part_bytes).load(table.get, "job") == st
+            before = st
+
+
+def test_a_forgotten_state_takes_all_its_parts_and_other_states_keep_theirs():
+    codec, table = StateCodec(64), {}
+    for seed in range(3):
+        apply(table, codec.entries("a", state(seed, 30)))
+        apply(table, codec.entries("b", state(seed + 10, 30)))
+    reloaded = StateCodec(64)  # a restarted worker knows the slots from the heads it loads
+    assert reloaded.load(table.get, "a") == state(2, 30)
+    apply(table, reloaded.entries("a", None))
+    assert {state_of(k) for k in table} == {"b", None} and all(k.endswith("b") for k in table)
+    assert StateCodec(64).load(table.get, "a") is None
+    assert StateCodec(64).load(table.get, "b") == state(12, 30)
+
+
+def test_user_keys_never_meet_part_keys():
+    """A job may be named anything, even like a part's key."""
+    codec, table = StateCodec(16), {}
+    tricky = [part_key("x", 0, 0), "\x00h\x00x", "x", "\x00", ""]
+    for i, job in enumerate(tricky):
+        apply(table, codec.entries(job, state(i, 5)))
+    for i, job in enumerate(tricky):
+        assert StateCodec(16).load(table.get, job) == state(i, 5)
+    assert sorted(j for k in table if (j := state_of(k)) is not None) == sorted(tricky)
+    assert all(state_of(table_key(j)) == j for j in tricky)
+
+
+def test_a_state_saved_whole_by_an_older_worker_loads():
+    """Before parts, Faust wrote each state as one JSON value under the job's key."""
+    st = state(1, 10)
+    assert StateCodec().load({"job": json.dumps(st).encode()}.get, "job") == st
+
+
+def test_a_missing_or_changed_part_is_an_error_naming_the_state():
+    codec, table = StateCodec(32), {}
+    apply(table, codec.entries("job-7", state(1, 20)))
+    parts = sorted(k for k in table if state_of(k) is None)
+    for damage in ("drop", "change"):
+        t = dict(table)
+        if damage == "drop":
+            del t[parts[1]]
+        else:
+            t[parts[1]] = t[parts[1]][:-1] + b"0"
+        with pytest.raises(ValueError, match="saved state 'job-7'"):
+            StateCodec(32).load(t.get, "job-7")
+
+
+def test_part_bytes_must_be_positive():
+    with pytest.raises(ValueError, match="part_bytes"):
+        StateCodec(0)
