@@ -46,6 +46,7 @@ import signal
 import ssl
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -213,7 +214,10 @@ def ensure_topics(cfg: Config, app_id: str, stage: str = "all") -> None:
     used = set(input_keys(stage)) | ({"verdicts"} if stage == "keys" else {"anomalies", "dead_letter"})
     used.add("dead_letter")
     wanted = {name: retention for key, name in names.items() if key in used}
-    wanted[names["changelog"]] = {"cleanup.policy": "compact", "max.message.bytes": str(STATE_MESSAGE_BYTES)}
+    large = {"max.message.bytes": str(LARGE_MESSAGE_BYTES)}
+    if "verdicts" in used:
+        wanted[names["verdicts"]] = {**retention, **large}
+    wanted[names["changelog"]] = {"cleanup.policy": "compact", **large}
     admin = KafkaAdminClient(**cfg.kafka.client_kwargs())
     try:
         existing = set(admin.list_topics())
@@ -506,8 +510,8 @@ class Worker:
             # for unacknowledged messages: waiting would hang on a crashed batch.
             stream_wait_empty=False,
             producer_acks=-1,
-            producer_max_request_size=STATE_MESSAGE_BYTES,
-            consumer_max_fetch_size=STATE_MESSAGE_BYTES,
+            producer_max_request_size=LARGE_MESSAGE_BYTES,
+            consumer_max_fetch_size=LARGE_MESSAGE_BYTES,
         )
         raw = {
             "key_type": bytes,
@@ -522,7 +526,7 @@ class Worker:
         # values are the codec's bytes (JSON, as Faust wrote them before; bytes: "raw"):
         # a large state goes in parts, and the worker encodes it once
         self.table = app.Table(table_name(stage), default=None, partitions=n, key_type=str, value_type=bytes,
-                               extra_topic_configs={"max.message.bytes": str(STATE_MESSAGE_BYTES)})
+                               extra_topic_configs={"max.message.bytes": str(LARGE_MESSAGE_BYTES)})
         self.saved = StateCodec(state_part_bytes)
         merge = TimeMerge(max_hold_s=cfg.detector.merge_max_hold_s)
         if stage == "keys":
@@ -624,9 +628,23 @@ class Worker:
             await batch
         except Exception as exc:
             log.exception("detector batch failed; stopping the worker")
+            if type(exc).__name__ == "MessageSizeTooLargeError":
+                log.error("a message was over its topic's max.message.bytes (a topic created before "
+                          "ncclwatch set it, or by hand?): raise it to %d with kafka-configs --alter "
+                          "--add-config max.message.bytes=%d", LARGE_MESSAGE_BYTES, LARGE_MESSAGE_BYTES)
             self.crashed = exc
+            # Faust's shutdown can wait for ever on a producer whose sends failed, deaf to
+            # SIGTERM too: a stopped worker that looks alive. Past a grace period, exit.
+            timer = threading.Timer(CRASH_EXIT_S, self._exit_after_crash)
+            timer.daemon = True  # a worker that does stop in time exits as usual
+            timer.start()
             await self.app.crash(exc)
             raise
+
+    def _exit_after_crash(self) -> None:
+        print(f"ncclwatch worker {self.app_id}: crashed ({self.crashed!r}) and did not stop within "
+              f"{CRASH_EXIT_S:.0f} s; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def _progress_idle_inputs(self) -> None:
         """An input partition with nothing left on the broker holds nothing back, even
@@ -897,10 +915,12 @@ class Worker:
 IDLE_AFTER_S = 5.0
 VERDICTS_PER_MESSAGE = 200  # ~150 KB of small communicators' verdicts
 VERDICT_MESSAGE_BYTES = 400_000  # well under Kafka's 1 MB message limit
-# A communicator's saved state grows with its ranks (their hosts and GPUs, the
-# straggler scorer's history): ~0.9 MB at 16,384 ranks. Its changelog takes values up
-# to this size (a topic setting; Kafka's default is 1 MB).
-STATE_MESSAGE_BYTES = 16 << 20
+# The largest message the worker's own topics take (a topic setting; Kafka's default is
+# 1 MB): a verdict lists its group's ranks (~1 MB at 50k ranks, one message of its own
+# then), and changelogs written before states were saved in parts (detectors/saved.py)
+# hold values of a few MB.
+LARGE_MESSAGE_BYTES = 16 << 20
+CRASH_EXIT_S = 30.0  # a crashed worker that has not stopped by then exits hard
 
 
 def pack_verdicts(items: list[Any]) -> list[tuple[bytes, bytes, float]]:

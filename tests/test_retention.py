@@ -80,3 +80,12 @@ def test_replay_creates_its_target_topics_so_that_they_never_expire(kafka_bootst
         admin.close()
     assert created
     assert all(v["retention.ms"] == "-1" for v in topic_configs(kafka_bootstrap, created).values())
+
+
+def test_the_key_stage_creates_its_verdicts_topic_for_verdicts_of_many_ranks(kafka_bootstrap):
+    """A verdict lists its group's ranks: ~1 MB at 50k ranks, past Kafka's default limit."""
+    env = {**topics_env(kafka_bootstrap), "NCCLWATCH_TOPICS_WINDOW_KEY": "comm"}
+    cfg = config_of(env)
+    faust_app.ensure_topics(cfg, testing.unique_name("keys"), "keys")
+    got = topic_configs(kafka_bootstrap, [cfg.topics.verdicts])[cfg.topics.verdicts]
+    assert got["max.message.bytes"] == str(faust_app.LARGE_MESSAGE_BYTES) and got["retention.ms"] == "-1"
