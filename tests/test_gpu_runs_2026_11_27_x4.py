@@ -359,6 +359,21 @@ def test_the_eighteenth_batch_held_out_after_the_pause_change(rows):
     assert rows["i4-clean-aa"]["got"] == "-" and rows["p4-sock-n8-aa"]["got"] == "-", table
 
 
+def test_the_nineteenth_batch_held_out_fault_sizes_not_seen_before(rows):
+    """Plan ab, recorded 2026-11-28 and held out: a throttle to 8 Gbit/s and a mild one
+    to 36, a 2x straggler and a 1.3x one from 24 s in through Inspector, a GPU shared 70 %
+    of the time on one node, host-memory copies under the gate, a clean run with a 64 MiB
+    AllReduce. Judged once by 0f400ae: 7 of 7."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_16"])])
+    assert all(rows[n]["ok"] and rows[n]["false_alerts"] == [] for n in SPLIT["heldout_16"]), table
+    for name in ("p4-tc-8g-ab", "i4-tc-36g-ab"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    assert rows["p4-strag-r0-2x-ab"]["got"] == "straggler rank 0", table
+    assert rows["i4-strag-r1-1.3x-late-ab"]["got"] == "straggler rank 1", table
+    assert rows["p4n1-gpuhog-g2-0.7-ab"]["got"] == "straggler rank 2", table
+    assert rows["i4n1-shm-membw-ab"]["got"] == "-" and rows["p4-clean-ar64-ab"]["got"] == "-", table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

@@ -250,7 +250,11 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_15", "Eighteenth batch, held out after the change the seventeenth led to: "
+    for half, heading in (("heldout_16", "Nineteenth batch, held out: fault sizes not seen before (throttles "
+                                         "to 8 and 36 Gbit/s, a 2x straggler, a late 1.3x one, a GPU shared "
+                                         "70 %), host-memory copies under the gate, a clean 64 MiB AllReduce "
+                                         "(judged once by 0f400ae: 7 of 7)"),
+                          ("heldout_15", "Eighteenth batch, held out after the change the seventeenth led to: "
                                          "pulsed throttles of other periods, stragglers, clean, competing "
                                          "sockets, four pretend nodes (judged once by 0d933ae: 7 of 7; the "
                                          "code before the change the same)"),
@@ -287,8 +291,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """128 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,x}.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """135 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,aa}.json`, `2026-11-28-ab.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -393,7 +397,9 @@ when the link incident resolved between pulses; 7 of 7 once a link incident reso
 within `reopen_s` still explains its echoes (no other row changed). The eighteenth (plan
 `aa`, held out after that change: pulsed throttles of other periods and stragglers through
 both profilers, clean, competing sockets, four pretend nodes), judged once by 0d933ae: 7 of
-7 (the code before the change the same). 119 of the 128 right.
+7 (the code before the change the same). The nineteenth (plan `ab`, 2026-11-28, held out:
+fault sizes not seen before, a late straggler, a GPU shared 70 %, host-memory copies under
+the gate, a clean 64 MiB AllReduce), judged once by 0f400ae: 7 of 7. 126 of the 135 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
