@@ -4,6 +4,8 @@ over key stages, and they are the incidents one process running both finds."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from ncclwatch.detectors.keys import KeyStage, KeyVerdict, VerdictMerge, decode_verdict, encode_verdict
 from ncclwatch.detectors.pipeline import detect_all
@@ -308,13 +310,13 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     assert sum(ev.state == "firing" for ev in whole) >= 3
 
     for cut in (len(batches) // 3, len(batches) // 2, len(batches) * 4 // 5):
-        table: dict[str, dict] = {}
-        core, kinds = _job_stage_core(shards, table.get, save_every_s)
+        table = _Table()
+        core, kinds = _job_stage_core(shards, table.reader(), save_every_s)
         before, done, biggest, held = [], set(), 0, 0
         for b in batches[:cut]:
             out = core.handle(b, kinds)
             before += out.events
-            biggest = max(biggest, _save_states(table, out))
+            biggest = max(biggest, table.save(out))
             done |= {(m.topic, m.offset) for m in out.done}
             held = max(held, sum(len(m) for m in core.detectors.merges.values()))
         # Kafka commits the acknowledged prefix of each partition
@@ -322,7 +324,7 @@ def test_a_job_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
                      for tp in ("v", "t")}
         assert committed["v"] < batches[cut][0].offset  # a held message was not acknowledged
         assert held > 200 and biggest < 40_000, (held, biggest)  # held (~700 B each), not in the state
-        core, kinds = _job_stage_core(shards, table.get, save_every_s)
+        core, kinds = _job_stage_core(shards, table.reader(), save_every_s)
         again = [m for m in messages if m.offset >= committed[m.topic]]
         after = [ev for i in range(0, len(again), batch) for ev in core.handle(again[i:i + batch], kinds).events]
         first: dict[str, object] = {}
@@ -382,20 +384,40 @@ def test_a_job_stage_waits_for_key_stages_that_were_all_idle_before_letting_reco
         assert c.detectors.late_verdicts() > 0 and events != in_order
 
 
-def _save_states(table: dict, out) -> int:
-    """What the worker writes to its table after a batch, through the JSON codec of
-    Faust's tables (orjson where installed, as the worker has it); the largest size."""
-    from faust.utils import json as faust_json
+class _Table:
+    """What the worker writes to its table after a batch: the states through its codec
+    (``detectors/saved.py``), in parts past ``part_bytes``; read back as a restarted
+    worker reads them, by a codec of its own."""
 
-    biggest = 0
-    for key, (_, state) in out.states.items():
-        if state is None:
-            table.pop(key, None)
-        else:
-            text = faust_json.dumps(state)
-            table[key] = faust_json.loads(text)
-            biggest = max(biggest, len(text))
-    return biggest
+    def __init__(self, part_bytes: int | None = None):
+        from ncclwatch.detectors.saved import PART_BYTES, StateCodec
+
+        self.part_bytes = part_bytes or PART_BYTES
+        self.codec = StateCodec(self.part_bytes)
+        self.data: dict[str, bytes] = {}
+
+    def save(self, out) -> int:
+        """The batch's states written; the longest value written."""
+        biggest = 0
+        for key, (_, state) in out.states.items():
+            for k, value in self.codec.entries(key, state):
+                if value is None:
+                    self.data.pop(k, None)
+                else:
+                    self.data[k] = value
+                    biggest = max(biggest, len(value))
+        return biggest
+
+    def reader(self):
+        from ncclwatch.detectors.saved import StateCodec
+
+        return functools.partial(StateCodec(self.part_bytes).load, self.data.get)
+
+    def states(self) -> list[dict]:
+        from ncclwatch.detectors.saved import state_of
+
+        load = self.reader()
+        return [load(job) for k in self.data if (job := state_of(k)) is not None]
 
 
 def _key_stage_core(load_state, hold_ranks, save_every_s=0.0, hold_events=False):
@@ -410,8 +432,10 @@ def _key_stage_core(load_state, hold_ranks, save_every_s=0.0, hold_events=False)
     return core, {"w": (WindowSummary,)}
 
 
-@pytest.mark.parametrize(("hold_ranks", "save_every_s"), [(2, 0.0), (None, 0.0), (2, 0.35), (None, 0.35)])
-def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing(hold_ranks, save_every_s):
+@pytest.mark.parametrize(("hold_ranks", "save_every_s", "part_bytes"),
+                         [(2, 0.0, None), (None, 0.0, None), (2, 0.35, None), (None, 0.35, None), (None, 0.35, 300)])
+def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_nothing(hold_ranks, save_every_s,
+                                                                                      part_bytes):
     # A large communicator's open groups are not saved (a 16,384-rank group is ~13 MB of
     # JSON, past a Kafka message): their windows' messages stay unacknowledged until
     # the group closes, and after a crash come again. Killed anywhere, restarted from
@@ -419,6 +443,7 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     # sends the verdicts it would have sent without stopping (repeats are exact copies).
     # hold_ranks=2 holds every communicator here; None holds none (groups are state).
     # save_every_s > 0: states go out every fourth batch, with the messages they cover.
+    # part_bytes: every communicator's state saved in parts of 300 bytes.
     import json
 
     from ncclwatch.detectors.messages import Message
@@ -451,13 +476,13 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
     assert len(whole) > 100 and any(decode_verdict(v).fired for v in whole)
 
     for cut in (len(batches) // 3, len(batches) // 2, len(batches) * 4 // 5):
-        table: dict[str, dict] = {}
-        core, kinds = _key_stage_core(table.get, hold_ranks, save_every_s)
+        table = _Table(part_bytes)
+        core, kinds = _key_stage_core(table.reader(), hold_ranks, save_every_s)
         before, done = [], set()
         for b in batches[:cut]:
             out = core.handle(b, kinds)
             before += verdicts(out)
-            _save_states(table, out)
+            assert table.save(out) <= table.part_bytes
             done |= {(m.partition, m.offset) for m in out.done}
         # Kafka commits the acknowledged prefix of each partition
         committed = {p: min((m.offset for m in messages if m.partition == p and (p, m.offset) not in done),
@@ -466,10 +491,12 @@ def test_a_key_stage_worker_restarted_from_its_saved_state_and_commits_misses_no
         held = sum(read[p] - committed[p] for p in range(shards))
         if hold_ranks is not None:
             assert held > 0  # messages of open groups were not acknowledged
-            assert all('"pending": [[' not in json.dumps(s) for s in table.values())  # nor saved
+            assert all('"pending": [[' not in json.dumps(s) for s in table.states())  # nor saved
         elif save_every_s == 0:
             assert held == 0
-        core, kinds = _key_stage_core(table.get, hold_ranks, save_every_s)
+        if part_bytes:
+            assert any(k.startswith("\x00p") for k in table.data)  # in parts indeed
+        core, kinds = _key_stage_core(table.reader(), hold_ranks, save_every_s)
         again = [m for m in messages if m.offset >= committed[m.partition]]
         after = [v for i in range(0, len(again), batch) for v in verdicts(core.handle(again[i:i + batch], kinds))]
         after += to_the_end(core, kinds)
