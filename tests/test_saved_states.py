@@ -114,3 +114,51 @@ def test_a_missing_or_changed_part_is_an_error_naming_the_state():
 def test_part_bytes_must_be_positive():
     with pytest.raises(ValueError, match="part_bytes"):
         StateCodec(0)
+
+
+def test_collection_is_paused_while_states_are_built_and_back_after_even_on_error():
+    import gc
+
+    from ncclwatch.detectors.stream import collection_paused
+
+    assert gc.isenabled()
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_paused():
+        raise RuntimeError("a state that cannot be built")
+    assert gc.isenabled()
+    gc.disable()  # paused by someone else: left as found
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_worker_core_builds_its_saves_without_collections():
+    """``StreamCore`` builds every touched job's state inside ``collection_paused``."""
+    import gc
+
+    from ncclwatch.detectors.stream import JobDetectors, StreamCore
+
+    from ncclwatch.config import DetectorConfig
+
+    seen = []
+
+    class Recording(JobDetectors):
+        def job_state(self, job):
+            seen.append(gc.isenabled())
+            return super().job_state(job)
+
+    detectors = Recording(DetectorConfig(), partitions=1)
+    core = StreamCore(detectors, lambda job: None)
+    for job in ("a", "b"):
+        core.positions[job] = core._ensure(job)
+        detectors.pipeline(job)  # as the job's first record makes it
+        core.partition_of[job] = 0
+    core._unsaved = {"a", "b"}
+    out = core.handle([])
+    assert seen == [False, False] and gc.isenabled()
+    assert set(out.states) == {"a", "b"}
