@@ -374,6 +374,22 @@ def test_the_nineteenth_batch_held_out_fault_sizes_not_seen_before(rows):
     assert rows["i4n1-shm-membw-ab"]["got"] == "-" and rows["p4-clean-ar64-ab"]["got"] == "-", table
 
 
+def test_the_twentieth_batch_held_out_six_of_seven(rows):
+    """Plan ac, recorded 2026-11-28 and held out: four pretend nodes throttled, a 1.2x
+    straggler through Inspector, throttle pulses of 2 s on and 2 s off, a GPU shared 50 %
+    through Inspector, proxy starvation, an 8-s straggler, clean. Judged once by f7a9612:
+    6 of 7; the miss (the 2-s pulses: one slow window in four, never three in a row) is
+    in the fixtures' README and not asserted here."""
+    right = [n for n in SPLIT["heldout_17"] if n != "p4-pulse-2-2-tc-10g-ac"]
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_17"])])
+    assert all(rows[n]["ok"] and rows[n]["false_alerts"] == [] for n in right), table
+    for name in ("p4n4-tc-20g-ac", "p4-cpu-k3-ac"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    for name in ("i4-strag-r2-1.2x-ac", "i4n1-gpuhog-g0-0.5-ac", "p4-strag-r3-1.5x-8s-ac"):
+        assert rows[name]["got"].startswith("straggler"), table
+    assert rows["i4-clean-dp64-ar64-ac"]["got"] == "-", table
+
+
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):
     """Rank 3 shares a node with the slow rank 2 and waits for it in their NVLink
     communicator, so it comes as late to the next mixed collective and looks later

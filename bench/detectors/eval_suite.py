@@ -250,7 +250,11 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
                                                           config.load(None, environ={}), 5.0)}
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
-    for half, heading in (("heldout_16", "Nineteenth batch, held out: fault sizes not seen before (throttles "
+    for half, heading in (("heldout_17", "Twentieth batch, held out: four pretend nodes throttled, a 1.2x "
+                                         "straggler, 2-s throttle pulses, a GPU shared 50 %, proxy starvation, "
+                                         "an 8-s straggler, clean (judged once by f7a9612: 6 of 7; the miss: "
+                                         "the 2-s pulses)"),
+                          ("heldout_16", "Nineteenth batch, held out: fault sizes not seen before (throttles "
                                          "to 8 and 36 Gbit/s, a 2x straggler, a late 1.3x one, a GPU shared "
                                          "70 %), host-memory copies under the gate, a clean 64 MiB AllReduce "
                                          "(judged once by 0f400ae: 7 of 7)"),
@@ -291,8 +295,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
     return "\n".join(parts)
 
 
-GPU_RUNS_11_27_X4 = """135 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,aa}.json`, `2026-11-28-ab.json`): mostly two pretend nodes of two GPUs, so one
+GPU_RUNS_11_27_X4 = """142 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
+`bench/scenarios/plans/2026-11-27-{j,...,aa}.json`, `2026-11-28-{ab,ac}.json`): mostly two pretend nodes of two GPUs, so one
 communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
@@ -399,7 +403,12 @@ within `reopen_s` still explains its echoes (no other row changed). The eighteen
 both profilers, clean, competing sockets, four pretend nodes), judged once by 0d933ae: 7 of
 7 (the code before the change the same). The nineteenth (plan `ab`, 2026-11-28, held out:
 fault sizes not seen before, a late straggler, a GPU shared 70 %, host-memory copies under
-the gate, a clean 64 MiB AllReduce), judged once by 0f400ae: 7 of 7. 126 of the 135 right.
+the gate, a clean 64 MiB AllReduce), judged once by 0f400ae: 7 of 7. The twentieth (plan
+`ac`, held out: four pretend nodes throttled, a 1.2x straggler, 2-s throttle pulses, a GPU
+shared 50 %, proxy starvation, an 8-s straggler, clean), judged once by f7a9612: 6 of 7;
+the miss the 2-s pulses, one slow window in four for each network key, never the three in
+a row the sustained rule wants: the job's loss came out 15.6 s in as a `throughput_drop`
+without a cause. 132 of the 142 right.
 The cluster path gives local mode's events, event for event, on the 18 runs of the sixth
 and seventh batches with `i4-slow-all-1.2x` and `i4-strag-r0-1.3x` (32 events; the two
 changes' runs: `bench/detectors/worker_vs_local.py`, 2026-11-27 09:45 UTC, e598003), and on
