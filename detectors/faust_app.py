@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=PART_BYTES,
         help="a saved state longer than this goes into the table in parts of this size (a "
-        "16k-GPU job's state is ~6.5 MB; default %(default)s, under a broker's default 1 MB message)",
+        "16k-GPU job's state is ~6.7 MB; default %(default)s, under a broker's default 1 MB message)",
     )
     p.add_argument(
         "--stage",

@@ -296,8 +296,8 @@ def gpu_runs_2026_11_27_x4_section() -> str:
 
 
 GPU_RUNS_11_27_X4 = """142 real 4×H100 runs (`tests/fixtures/gpu_runs/2026-11-27-x4`, README there; recorded with
-`bench/scenarios/plans/2026-11-27-{j,...,aa}.json`, `2026-11-28-{ab,ac}.json`): mostly two pretend nodes of two GPUs, so one
-communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
+`bench/scenarios/plans/2026-11-27-{j,...,aa}.json`, `2026-11-28-{ab,ac}.json`): mostly two pretend
+nodes of two GPUs, so one communicator is *mixed* (NVLink inside a node, sockets between them) beside NVLink-only
 and network-only ones, and every process is in three communicators. The first batch was
 judged once by 7077fd6: 3 of 7 (a straggler named as its node peer, which waits for it in
 their NVLink communicator and then arrives as late at the mixed one; stragglers raised on
