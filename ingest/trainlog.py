@@ -1,9 +1,12 @@
 """Source mapping: a training log's text lines -> ``throughput`` records.
 
-The default pattern is Megatron-LM / NeMo's iteration line::
+The default pattern reads Megatron-LM's iteration line::
 
      [2026-11-22 03:01:02.104489] iteration      120/  5000 | consumed samples: 61440 | ...
      | throughput per GPU (TFLOP/s/GPU): 310.2 | ...
+
+and NeMo 2's progress line (``... iteration 9/49 | ... | TFLOPS_per_GPU: 512.3``;
+printed without a timestamp, unless its launcher adds one, its time is when it is read).
 
 ``config.ingest.throughput_regex`` replaces it; its named group ``tflops`` is required,
 ``step`` and ``tokens`` are optional.
@@ -31,6 +34,10 @@ Several ranks' logs are one job series (:class:`RankMerge`).
 (2, 45.7, 'log', -1, 1795317928104489000)
 >>> p.parse(" iteration 3/ 10 | throughput per GPU (TFLOP/s/GPU): 45.9 |", 7).ts_ns
 7
+>>> r = p.parse("Training epoch 0, iteration 9/49 | global_step: 9 | train_step_timing in s: 4.395 | "
+...             "TFLOPS_per_GPU: 5.123e+02", 8)                   # NeMo 2's progress line
+>>> r.step, r.tflops_per_gpu
+(9, 512.3)
 >>> p.parse("loss 1.23", 8) is None
 True
 """
@@ -53,7 +60,7 @@ _ELAPSED_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
 # Megatron's (and NeMo's) iteration line, with a figure the default pattern reads
 _ITERATION_LINE = re.compile(
-    rb"\biteration\s+\d+\s*/\s*\d+\s*\|.*(?:throughput per GPU|elapsed time per iteration)")
+    rb"\biteration\s+\d+\s*/\s*\d+\s*\|.*(?:throughput per GPU|elapsed time per iteration|TFLOPS_per_GPU)")
 # Megatron's ``print_args``: "  hidden_size ........ 4096", after a launcher's rank tag if any
 _ARG = re.compile(r"^(?:\[[^\]]*\]:|\d+:)?\s*([a-z_][a-z0-9_]*) \.{2,} (\S+)\s*$")
 _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
@@ -75,6 +82,8 @@ def is_iteration_line(raw: bytes) -> bool:
 
     >>> is_iteration_line(b" [2026-11-22 03:25:28] iteration      120/    5000 | consumed samples: "
     ...                   b"61440 | elapsed time per iteration (ms): 812.3 | learning rate: 3.0E-04 |")
+    True
+    >>> is_iteration_line(b"Training epoch 0, iteration 9/49 | lr: 3e-05 | TFLOPS_per_GPU: 512.3")
     True
     >>> is_iteration_line(b"NCCL INFO iteration 3/10 | comm 0x55 rank 0 nRanks 8")
     False

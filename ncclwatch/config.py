@@ -156,7 +156,10 @@ class IngestConfig:
     buffer_max_bytes: int = 256 * 1024 * 1024
     inspector_dirs: str = ""  # comma-separated NCCL Inspector output dirs to tail
     training_log: str = ""  # comma-separated training logs or globs (one file per rank)
-    throughput_regex: str = r"throughput per GPU \(TFLOP/s/GPU\):\s*(?P<tflops>[0-9.]+)"
+    # Megatron-LM's ``throughput per GPU (TFLOP/s/GPU): 310.2``, NeMo 2's
+    # ``TFLOPS_per_GPU: 512.3`` (its progress line, ``iteration 9/49 | ...``)
+    throughput_regex: str = (r"(?:throughput per GPU \(TFLOP/s/GPU\)|\bTFLOPS_per_GPU):\s*"
+                             r"(?P<tflops>[0-9.]+(?:[eE][+-]?[0-9]+)?)")
     # The zone of a training log's naive line timestamps (Megatron prints local time):
     # "local" (the zone of the process reading the log), "UTC", or an IANA name.
     trainlog_timezone: str = "local"

@@ -116,3 +116,21 @@ def test_arguments_in_rank_0s_log_serve_the_last_ranks_iteration_lines(tmp_path)
                              options=Options(timezone="UTC"), stats=ReadStats())
     assert [r.step for r in out] == [1, 2, 3, 4, 5]
     assert out[0].tflops_per_gpu == pytest.approx(megatron_flops_by_hand() / (2.0 * 1e12 * 16), rel=1e-9)
+
+
+def test_a_nemo_log_is_found_as_a_training_log_and_read_for_its_throughput(tmp_path):
+    """NeMo 2 prints ``TFLOPS_per_GPU`` on its progress line (NVIDIA's benchmark scripts
+    read the same field); a Slurm ``.out`` of it is a training log of the recording. The
+    lines here carry NeMo's logging prefix, which gives each its time."""
+    from ncclwatch.ingest.recording import Options, ReadStats, is_training_log, read_training_logs
+
+    log = tmp_path / "nemo_0.out"
+    lines = ["[NeMo I 2026-11-22 03:00:00 nemo_logging:393] Experiment dir: /results"]
+    lines += [f"[NeMo I 2026-11-22 03:00:{10 + i:02d} progress:1] Training epoch 0, iteration {i}/49 | "
+              f"lr: 2.999e-05 | global_step: {i} | reduced_train_loss: 10.84 | train_step_timing in s: 4.395 | "
+              f"consumed_samples: {512 * (i + 1)} | TFLOPS_per_GPU: {5.1e2 + i:.4g}" for i in range(5)]
+    log.write_text("\n".join(lines) + "\n")
+    assert is_training_log(log)
+    out = read_training_logs([log], job="j", options=Options(timezone="UTC"), stats=ReadStats())
+    assert [(r.step, r.tflops_per_gpu) for r in out] == [(i, float(f"{5.1e2 + i:.4g}")) for i in range(5)]
+    assert out[1].ts_ns - out[0].ts_ns == 10**9  # each line at its own time
