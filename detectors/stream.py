@@ -879,9 +879,9 @@ class StreamCore:
     save_every_s
         0 (default): the touched states go out with every batch. Above 0: at most this
         often, and no more often than every ``SAVE_COST_FACTOR`` times what building
-        the last save took: a large job's state (6.7 MB of JSON at 16,384 GPUs, 1.4 s
-        to build and serialise when measured on 2026-11-26, 0.08 s now that it is built
-        with collection paused; 21 MB and 0.3 s at 49,152) saved after every batch
+        the last save took: a large job's state (6.7 MB of JSON at 16,384 GPUs: 1.4 s
+        to build and serialise on 2026-11-26, 0.16 s on 2026-11-28 and 0.074 s built
+        with collection paused; 21 MB and 0.30 s at 49,152) saved after every batch
         costs more than detecting.
         Until a save, the messages done wait with it (``done`` is only what a save in
         the same outcome covers), so the committed offsets never pass the saved state;
