@@ -30,6 +30,7 @@ import msgspec
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import WindowSummary
+from ncclwatch.rules import NETWORK_TRANSPORTS
 
 from .attribution import rule_degraded
 from .baseline import DriftEvidence, RatioBaseline, learn_or_hold
@@ -63,6 +64,12 @@ class KeyParams:
             "recover_threshold": cfg.recover_threshold,
             "recover": cfg.recover_windows,
         }
+        # Only a key that crosses the network flaps: an NVLink key's windows slow one at a
+        # time when its GPU is shared or its rank runs late, which the spread rule and
+        # the job stage's straggler checks judge (on every key, the rule turned 9 of the
+        # recorded runs wrong; docs/detectors.md).
+        self.rule_net = dict(self.rule, flap_count=cfg.flap_count, flap_windows=cfg.flap_windows,
+                             flap_threshold=cfg.flap_threshold)
         self.straggler = {"threshold": cfg.straggler_score, "sustain": cfg.sustain_windows}
         self.spread_rule = {
             "threshold": cfg.straggler_score,
@@ -70,6 +77,10 @@ class KeyParams:
             "recover_threshold": cfg.straggler_score / 2,
             "recover": cfg.recover_windows,
         }
+
+    def rule_of(self, transport: str) -> dict[str, Any]:
+        """The sustained rule's parameters for a key of ``transport``."""
+        return self.rule_net if transport in NETWORK_TRANSPORTS else self.rule
 
 
 @dataclass(slots=True)
@@ -131,6 +142,9 @@ class FireEvidence:
     effect: float  # the streak's mean loss (the window's, without a streak)
     straggler_rank: int | None
     rank_scores: list[list]  # the five highest [rank, score]
+    # fired on severe windows with healthy ones between (SustainedRule's flapping), not
+    # on one streak (absent in verdicts of older builds)
+    flapping: bool = False
 
 
 @dataclass(slots=True)
@@ -243,7 +257,7 @@ class KeyState:
         self.rank_pid: dict[int, int] = {}  # process ids, where the windows carry them
         self.baseline = RatioBaseline(**p.baseline)
         self.drift = DriftEvidence(**p.drift)
-        self.rule = SustainedRule(**p.rule)
+        self.rule = SustainedRule(**p.rule_of(w.transport))
         self.straggler = StragglerScorer(**p.straggler)
         self.pending: dict[int, dict[int, WindowSummary]] = {}
         self.closed_before = -(1 << 62)  # groups starting before this are closed
@@ -448,7 +462,7 @@ class KeyState:
             fired = FireEvidence(self.streak, fire_effect,
                                  self.straggler.straggler(effect=fire_effect,
                                                           usual=1.0 if usual is None else math.exp(usual)),
-                                 _top_scores(self.straggler))
+                                 _top_scores(self.straggler), rule.flapping)
             self.streak = Streak()
         elif transition == RESOLVE:
             self.streak = Streak()
@@ -544,7 +558,7 @@ class KeyState:
         obj.rank_pid = {int(r): int(p) for r, p in st.get("rank_pid", ())}  # before 2026-11-27
         obj.baseline = RatioBaseline.from_state(st["baseline"], **p.baseline)
         obj.drift = DriftEvidence.from_state(st["drift"], **p.drift)
-        obj.rule = SustainedRule.from_state(st["rule"], **p.rule)
+        obj.rule = SustainedRule.from_state(st["rule"], **p.rule_of(obj.transport))
         obj.straggler = StragglerScorer.from_state(st["straggler"], **p.straggler)
         obj.pending = {}
         for s, group in st["pending"]:
@@ -577,7 +591,7 @@ class KeyView:
         "comm", "comm_name", "op", "size_bucket", "transport", "window_ns", "host", "rank_host",
         "rank_gpu", "rank_pid", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "last_spread",
-        "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns",
+        "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns", "dropout_ns",
         "spread_scores", "busy_log", "busy_n", "busy_recent",
     )
 
@@ -609,6 +623,9 @@ class KeyView:
         # End of the last window the key was degraded now in (firing, or one window
         # short): a throughput drop whose span holds one is not "not NCCL".
         self.degraded_ns = NEVER
+        # Until when the key's last drop-out (a window a flapping network link fires on
+        # once it recurs) explains a throughput drop; the pipeline sets it.
+        self.dropout_ns = NEVER
         self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
         # The time a rank spends in the key's ops per window, and its last `sustain`
         # windows (causes.slowed_alike). Its usual value is kept as RatioBaseline
@@ -714,6 +731,7 @@ class KeyView:
             "incident": self.incident,
             "spread_incident": self.spread_incident,
             "degraded_ns": self.degraded_ns,
+            "dropout_ns": self.dropout_ns,
             "spread_scores": self.spread_scores,
             "busy": [self.busy_log, self.busy_n, self.busy_recent],
         }
@@ -739,6 +757,7 @@ class KeyView:
         obj.incident = st["incident"]
         obj.spread_incident = st["spread_incident"]
         obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
+        obj.dropout_ns = st.get("dropout_ns", NEVER)  # absent before 2026-11-28
         obj.spread_scores = st.get("spread_scores")  # absent before 2026-11-27
         if "busy" in st:  # absent before 2026-11-27 (morning): learned anew
             lb, n, recent = st["busy"]

@@ -301,6 +301,13 @@ class Pipeline:
 
     def _key_verdict(self, job: JobState, ks: KeyView, v: KeyVerdict, out: list) -> None:
         """What one closed group of a key sets off across the job (``ks`` has seen it)."""
+        cfg = self.cfg
+        if (cfg.flap_count and v.degraded and not v.was_firing and v.effect >= cfg.flap_threshold
+                and ks.transport in NETWORK_TRANSPORTS):
+            # A drop-out a flapping link fires on once it comes back: a throughput drop of
+            # its time is NCCL's. Steps are reported when they end, so those the drop-out
+            # slowed come up to a window after it.
+            ks.dropout_ns = v.end_ns + ks.window_ns
         if v.was_firing:
             inc = job.incidents.get(ks.incident) if ks.incident else None
             if v.transition == RESOLVE or v.effect < self.cfg.recover_threshold:
@@ -394,13 +401,15 @@ class Pipeline:
         scope = None if v.type == "intra_node" and ks.transport != "nvlink" else v.scope
         inc = self._find_live(job, v.type, scope) or self._reopen(job, v.type, scope, out)
         start = ks.rule.start_ns if ks.rule.start_ns is not None else job.watermark
+        created = inc is None
         if inc is None:
             inc = self._open(job, v, start, ks)
             inc.confirmed = False
-            self._join(inc, ks)
+        if fired.flapping:
+            inc.evidence["flapping"] = True  # on and off, not one streak: on call should know
+        self._join(inc, ks)
+        if created:
             self._confirm(job, inc, out)
-        else:
-            self._join(inc, ks)
 
     def _early_span_ns(self, job: JobState) -> int:
         """How long after its start an incident must show its cost to be raised."""
@@ -861,6 +870,10 @@ class Pipeline:
             live = now - ks.last_end_ns <= recent
             if live and rule_degraded(ks.spread_rule):
                 return True  # a late rank: not a class's bandwidth, whatever it did
+            if since_ns is not None and ks.dropout_ns >= since_ns:
+                # Its share of the ranks' time rose in the drop-out and fell back: the
+                # windows since would call it slowed alike with the job.
+                return True
             if not ((live and degraded_now(ks)) or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)):
                 continue
             if ks.incident is None:

@@ -202,6 +202,13 @@ class DetectorConfig:
     sustain_windows: int = 3  # consecutive degraded windows before an anomaly fires
     recover_windows: int = 3  # consecutive healthy windows before it resolves
     recover_threshold: float = 0.05  # hysteresis: healthy means loss below this
+    # A link dropping out a second or two at a time never holds `sustain_windows`
+    # degraded windows in a row: a key also fires on `flap_count` degraded windows losing
+    # at least `flap_threshold` among its last `flap_windows`, and then resolves only
+    # after `flap_windows` healthy ones in a row. 0 turns it off.
+    flap_count: int = 2
+    flap_windows: int = 6
+    flap_threshold: float = 0.5
     warmup_windows: int = 10
     # A comm anomaly is raised only once it costs the job this much of its throughput
     # (and is then critical); NCCL slowing down without costing the job is no page.
@@ -290,6 +297,12 @@ class DetectorConfig:
             raise ValueError(f"detector.merge_max_hold_s must be > 0 seconds, got {self.merge_max_hold_s}")
         if not self.quiet_end_s >= 0.0:
             raise ValueError(f"detector.quiet_end_s must be >= 0 seconds, got {self.quiet_end_s}")
+        if self.flap_count and not 2 <= self.flap_count <= self.flap_windows:
+            raise ValueError(f"detector.flap_count must be 0 or in [2, flap_windows = {self.flap_windows}], "
+                             f"got {self.flap_count}")
+        if self.flap_count and not self.threshold <= self.flap_threshold < 1.0:
+            raise ValueError(f"detector.flap_threshold must be in [threshold = {self.threshold}, 1), "
+                             f"got {self.flap_threshold}")
 
 
 @dataclass(frozen=True)

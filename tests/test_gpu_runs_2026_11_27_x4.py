@@ -379,15 +379,54 @@ def test_the_twentieth_batch_held_out_six_of_seven(rows):
     straggler through Inspector, throttle pulses of 2 s on and 2 s off, a GPU shared 50 %
     through Inspector, proxy starvation, an 8-s straggler, clean. Judged once by f7a9612:
     6 of 7; the miss (the 2-s pulses: one slow window in four, never three in a row) is
-    in the fixtures' README and not asserted here."""
+    in the fixtures' README. Since the flapping rule (a network key firing on two windows
+    losing half among its last six) the pulses are `network_path`, critical, 5.6 s in:
+    past the eval's 5-s bound (the second pulse's window closes 5.6 s after the first's
+    start), so still not "ok"."""
     right = [n for n in SPLIT["heldout_17"] if n != "p4-pulse-2-2-tc-10g-ac"]
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_17"])])
+    pulse = rows["p4-pulse-2-2-tc-10g-ac"]
+    assert (pulse["got"], pulse["severity"], pulse["false_alerts"]) == ("network_path", "critical", []), table
+    assert pulse["delay_s"] <= 6.0, table
     assert all(rows[n]["ok"] and rows[n]["false_alerts"] == [] for n in right), table
     for name in ("p4n4-tc-20g-ac", "p4-cpu-k3-ac"):
         assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
     for name in ("i4-strag-r2-1.2x-ac", "i4n1-gpuhog-g0-0.5-ac", "p4-strag-r3-1.5x-8s-ac"):
         assert rows[name]["got"].startswith("straggler"), table
     assert rows["i4-clean-dp64-ar64-ac"]["got"] == "-", table
+
+
+def test_the_twenty_first_batch_pulsed_links_are_named_late_and_nothing_else_is_raised(rows):
+    """Plan ad, recorded 2026-11-28 after the flapping rule and held out for it: throttle
+    pulses of 1/3, 2/2 (Inspector), 2/3 (four pretend nodes) and 1/2 s on/off, a GPU shared
+    50 %, a 1.3x straggler through Inspector, clean. Judged once: 4 of 7 (the eval's loss of
+    1-s pulses mended; the rule off: 3 of 7, no pulsed run named). Every pulsed run is a
+    critical, flapping `network_path` on the second pulse, three past the 5-s bound."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_18"])])
+    pulsed = [n for n in SPLIT["heldout_18"] if "-pulse-" in n]
+    assert len(pulsed) == 4
+    for name in pulsed:
+        row = rows[name]
+        assert row["drop"] >= 0.5, table  # 1-s spans measured, not "below the gate"
+        assert (row["got"], row["severity"], row["false_alerts"]) == ("network_path", "critical", []), table
+        assert row["delay_s"] <= 6.5, table
+    assert rows["p4-pulse-1-2-tc-20g-ad"]["ok"], table
+    for name in ("p4-gpuhog-g1-0.5-ad", "i4-strag-r1-1.3x-ad", "p4-clean-ad"):
+        assert rows[name]["ok"] and rows[name]["false_alerts"] == [], table
+
+
+def test_a_pulsed_link_through_inspector_is_not_called_the_jobs_own_drop(tmp_path):
+    """Its first drop-out passes before the second fires the link; the throughput drop
+    between them is NCCL's (before: a `throughput_drop` "not NCCL" 3.3 s in)."""
+    from ncclwatch.detectors import watch
+    from ncclwatch.ingest.recording import ReadStats, read_recording
+
+    run = eval_gpu_runs.unpacked(FIXTURES / "i4-pulse-2-2-tc-12g-ad.tar.gz", tmp_path)
+    srcs, options = eval_gpu_runs.sources(run)
+    events = watch.detect(load(None, environ={}), read_recording(srcs, ReadStats(), options))
+    firing = [e for e in events if e.state == "firing"]
+    assert [e.type for e in firing] == ["network_path"]
+    assert firing[0].evidence["flapping"] is True
 
 
 def test_a_straggler_is_named_by_the_communicator_where_the_others_wait_for_it(tmp_path):

@@ -76,9 +76,13 @@ def test_comm_degradations_are_detected_within_5_s_at_p90(suite_report):
     # everything by its lag past the usual ~1 s (the scenarios' default).
     lag = {sc.name: max(0.0, max(sc.forwarder_delay_s, default=1.0) - 1.0)
            for sc in scenarios.suite()}
+    # The target is for a sustained degradation: a link dropping out every few seconds
+    # can only be told from a spike by its next drop-out (tests/test_flapping.py bounds it).
+    pulsed = {sc.name for sc in scenarios.suite() if any(f.pulse_s for f in sc.faults)}
+    assert pulsed
     delays = sorted(
         m["delay_s"] - lag[s["scenario"]] for s in report["scenarios"] for m in s["matches"]
-        if m["detected"] and m["type"] in COMM_TYPES
+        if m["detected"] and m["type"] in COMM_TYPES and s["scenario"] not in pulsed
     )
     assert len(delays) >= 15
     assert percentile(delays, 90) <= 5.0, text

@@ -62,8 +62,9 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     """The job's throughput loss over [start, end], from its own step timings.
 
     A pulsed fault (its injection lists ``on_spans_ns``) is measured over the spans it
-    was on, each after ``PULSE_SETTLE_NS``: the median over the whole period would pick
-    the off half of the steps and call an intermittent fault harmless.
+    was on, each after ``PULSE_SETTLE_NS`` or half the span, whichever is shorter: the
+    median over the whole period would pick the off half of the steps and call an
+    intermittent fault harmless (and a full second's settling left nothing of 1-s spans).
     """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
     before = [s["tflops_per_gpu"] for s in steps if s["ts_ns"] < start_ns]
@@ -71,7 +72,7 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
                   if i.get("on_spans_ns")), None)
     if spans:
         during = [s["tflops_per_gpu"] for s in steps
-                  if any(a + PULSE_SETTLE_NS <= s["ts_ns"] <= b for a, b in spans)]
+                  if any(a + min(PULSE_SETTLE_NS, (b - a) // 2) <= s["ts_ns"] <= b for a, b in spans)]
     else:
         during = [s["tflops_per_gpu"] for s in steps if start_ns + SETTLE_NS <= s["ts_ns"] <= end_ns]
     if not before or not during:

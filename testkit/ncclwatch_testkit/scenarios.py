@@ -67,6 +67,7 @@ class Fault:
     ``magnitude`` is the busbw loss on the affected keys (comm faults, spikes) or the
     TFLOP/s loss (compute); ``ramp_s`` > 0 ramps it up linearly from ``start_s``.
     ``node`` is a node index (network: None = every node), ``rank`` a world rank.
+    ``pulse_s`` = (on, off) switches it on and off from ``start_s`` (a flapping link).
     """
 
     kind: str
@@ -77,6 +78,7 @@ class Fault:
     node: int | None = None
     rank: int | None = None
     transports: tuple[str, ...] = ()
+    pulse_s: tuple[float, float] | None = None
 
     def __post_init__(self):
         if self.kind not in FAULT_KINDS:
@@ -85,10 +87,14 @@ class Fault:
             raise ValueError(f"magnitude must be in [0, 1), got {self.magnitude!r}")
         if self.end_s <= self.start_s:
             raise ValueError("a fault needs end_s > start_s")
+        if self.pulse_s is not None and not min(self.pulse_s) > 0:
+            raise ValueError(f"pulse_s needs on and off > 0 s, got {self.pulse_s!r}")
 
     def level(self, t_s: np.ndarray) -> np.ndarray:
         """The fault's magnitude at stream times ``t_s`` (seconds from the start)."""
         on = (t_s >= self.start_s) & (t_s < self.end_s)
+        if self.pulse_s is not None:
+            on &= (t_s - self.start_s) % sum(self.pulse_s) < self.pulse_s[0]
         if self.ramp_s > 0:
             ramp = np.clip((t_s - self.start_s) / self.ramp_s, 0.0, 1.0)
             return np.where(on, self.magnitude * ramp, 0.0)
@@ -324,8 +330,9 @@ def _affected(sc: Scenario, comms: list[Comm], f: Fault) -> list[Comm]:
 def realized_effects(sc: Scenario, comms: list[Comm], records: list[Any]) -> dict[int, float]:
     """Per comm fault (by index): the loss the stream really shows on its worst key.
 
-    Median over the fault's windows (from the threshold crossing on) of the key's median
-    busbw over ranks, against the 30 s before the fault. Jitter can absorb part of a
+    Median over the fault's windows (from the threshold crossing on; of a pulsed fault,
+    those it is on in) of the key's median busbw over ranks, against the 30 s before the
+    fault. Jitter can absorb part of a
     fault (a straggler late by less than the others' own spread costs little), so labels
     say what the data shows, not only what was injected.
     """
@@ -349,7 +356,8 @@ def realized_effects(sc: Scenario, comms: list[Comm], records: list[Any]) -> dic
                     med = float(np.median(values))
                     if f.start_s - 30 <= t_s < f.start_s:
                         before.append(med)
-                    elif crossing <= t_s < f.end_s - 1:
+                    elif crossing <= t_s < f.end_s - 1 and (
+                            f.pulse_s is None or f.level(np.array([t_s + sc.window_s / 2]))[0] > 0):
                         during.append(med)
                 if before and during:
                     best = max(best, 1.0 - float(np.median(during)) / float(np.median(before)))
@@ -487,6 +495,8 @@ def suite() -> list[Scenario]:
           description="network loses 20 % on 16 GPUs"),
         S("network_step25_4x1", 4, 1, 150, (F("network", 60, 110, 0.25),), seed=11,
           description="network loses 25 %, net-only job (no NVLink reference)"),
+        S("network_pulse_2x2", 2, 2, 150, (F("network", 60, 100, 0.6, pulse_s=(1.0, 3.0)),), seed=31,
+          description="network drops out: 60 % lost for 1 s in every 4 (a flapping link)"),
         S("network_node1_2x8", 2, 8, 140, (F("network", 50, 100, 0.25, node=1),), seed=12,
           description="one node's NIC path loses 25 %"),
         S("network_slow_ramp_2x2", 2, 2, 260, (F("network", 50, 230, 0.30, ramp_s=120),),
