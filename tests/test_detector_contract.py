@@ -255,7 +255,7 @@ def test_estimators_keep_constructor_arguments_as_public_attributes():
 # --- the Pipeline ------------------------------------------------------------------------
 
 STREAMS = ["multi_fault_2x8", "telemetry_silence_2x2", "throughput_dip_2x2",
-           "telemetry_drops_2x2", "network_ramp_2x2"]
+           "telemetry_drops_2x2", "network_ramp_2x2", "network_pulse_2x2"]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ WINDOW_NS = 10**9
 NAMES = [
     "steady_noisy_2x8", "network_step25_4x1", "network_node1_2x8", "network_late_forwarder_2x2",
     "nvlink_ramp_2x8", "straggler_2x8", "throughput_dip_2x2", "telemetry_silence_2x2",
-    "telemetry_drops_2x2", "multi_fault_2x8",
+    "telemetry_drops_2x2", "multi_fault_2x8", "network_pulse_2x2",
 ]
 
 
