@@ -467,6 +467,8 @@ def machine_info() -> dict:
 
 # -- scenarios ------------------------------------------------------------------------
 
+INJECTED_SCENARIOS = ("congestion", "nvlink", "intra", "gpuhog")  # those --injector drives
+
 def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = None) -> Path:
     run = Run(args, name or scenario, scenario)
     run.start()
@@ -600,11 +602,15 @@ def suite(args: argparse.Namespace) -> None:
     plan = json.loads(Path(args.plan).read_text()) if args.plan else [
         {"name": s, "scenario": s} for s in args.scenarios]
     base = dict(vars(args))
+    # Each run's own injector, where its scenario uses one (a top-level value named the
+    # --injector default, which no run of a plan that gives its own ever used).
+    summary["injectors"] = {}
     for entry in plan:
         name = entry["name"]
         for k, v in entry.items():
             if k not in ("name", "scenario"):
                 setattr(args, k.replace("-", "_"), v)
+        summary["injectors"][name] = args.injector if entry["scenario"] in INJECTED_SCENARIOS else None
         try:
             path = run_scenario(args, entry["scenario"], name)
             summary["runs"][name] = str(path)
@@ -614,8 +620,6 @@ def suite(args: argparse.Namespace) -> None:
         for k, v in base.items():
             setattr(args, k, v)
         (out / "suite.json").write_text(json.dumps(summary, indent=1, default=str))
-    summary["injector"] = args.injector
-    (out / "suite.json").write_text(json.dumps(summary, indent=1, default=str))
 
 
 def build_parser() -> argparse.ArgumentParser:
