@@ -929,10 +929,13 @@ class StreamCore:
         self._saved_at = float("-inf")
         self.save_cost_s = 0.0  # what building the last save took
 
-    def _ensure(self, job: str) -> dict[str, int]:
+    def _ensure(self, job: str, saved: dict | None = None) -> dict[str, int]:
+        """The job's input positions, its detectors loaded from its saved state if they
+        are not (``saved``: that state, read already)."""
         positions = self.positions.get(job)
         if positions is None or job not in self.detectors.pipelines:
-            saved = self.load_state(job)
+            if saved is None:
+                saved = self.load_state(job)
             if saved:
                 self.detectors.restore_job(job, saved["detectors"])
                 positions = dict(saved.get("positions", {}))
@@ -953,7 +956,7 @@ class StreamCore:
         pipeline = (saved or {}).get("detectors", {}).get("pipeline", {})
         if not any(st.get("incidents") and not st.get("silent") for _, st in pipeline.get("jobs", [])):
             return False
-        self._ensure(job)
+        self._ensure(job, saved)  # decoded once: a job's state is megabytes at 10k GPUs
         self.partition_of[job] = partition
         detectors.adopt(job, partition)
         return True

@@ -162,3 +162,37 @@ def test_the_worker_core_builds_its_saves_without_collections():
     out = core.handle([])
     assert seen == [False, False] and gc.isenabled()
     assert set(out.states) == {"a", "b"}
+
+
+def test_a_saved_job_with_open_incidents_is_adopted_from_one_read_of_its_state():
+    """After a rebalance the job stage reads each saved job to see whether it left
+    incidents open; one it adopts is loaded from that read, not decoded again."""
+    from ncclwatch.detectors.stream import JobDetectors, StreamCore
+    from ncclwatch_testkit import scenarios
+
+    from ncclwatch.config import DetectorConfig
+
+    cfg = DetectorConfig(quiet_end_s=60.0)
+    records, _ = scenarios.generate(scenarios.by_name("network_step30_2x2"))
+    detectors = JobDetectors(cfg, partitions=1)
+    core = StreamCore(detectors, lambda job: None)
+    job = records[0].job
+    core.positions[job] = core._ensure(job)
+    pipeline = detectors.pipeline(job)
+    fired = []
+    for r in records[: len(records) * 3 // 4]:  # the fault (60-110 s of 150) is on
+        fired += [e for e in pipeline.process(r) if e.state == "firing"]
+    assert fired
+    core.partition_of[job] = 0
+    core._unsaved = {job}
+    state = json.loads(json.dumps(core.handle([]).states[job][1]))  # (partition, state)
+    reads = []
+
+    def load(j):
+        reads.append(j)
+        return state
+
+    again = StreamCore(JobDetectors(cfg, partitions=1), load)
+    assert again.adopt_saved(job, 0)
+    assert reads == [job]
+    assert job in again.detectors.pipelines
