@@ -179,6 +179,8 @@ def _summary(ev: AnomalyEvent) -> str:
         what = ev.key.get("op") or "its collectives"
         return f"straggler: {where} slows {what} by {ev.effect:.0%}{tput}"
     why = {"network_path": "network path", "intra_node": "intra-node"}.get(ev.type, "")
+    if why and ev.evidence.get("flapping") is True:
+        why += ", flapping"
     why = f" ({why})" if why else ""
     return f"{where}: bus bandwidth down {ev.effect:.0%}{why}{tput}"
 
@@ -193,6 +195,9 @@ def _description(ev: AnomalyEvent) -> str:
     else:
         lines.append(f"Effect {ev.effect * 100:.1f}% (relative loss).")
     since = iso(ev.start_ns)
+    if ev.evidence.get("flapping") is True:
+        lines.append("The link drops out and comes back (severe windows with healthy ones between), "
+                     "not one sustained loss.")
     if ev.end_ns is None:
         lines.append(f"Degraded since {since}; detected at {iso(ev.detected_ns)}.")
     else:

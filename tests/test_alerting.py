@@ -697,3 +697,14 @@ def test_outbox_on_a_full_disk_keeps_alerts_in_memory_and_rewrites_the_journal_a
     assert {e.key: (e.state, e.fire_first) for e in again.entries()} == {
         "an-1": ("resolved", True), "an-2": ("firing", False), "an-3": ("firing", False)}
     assert [p.name for p in (small_fs / "alerts").iterdir()] == [JOURNAL_NAME]  # no temp file
+
+
+def test_a_flapping_link_says_so_in_its_summary_and_description():
+    flapping = alerts.alert_from_event(
+        event(type="network_path", attribution="network", evidence={"flapping": True}), LINKS)
+    steady = alerts.alert_from_event(event(type="network_path", attribution="network"), LINKS)
+    assert "(network path, flapping)" in flapping["annotations"]["summary"]
+    assert "drops out and comes back" in flapping["annotations"]["description"]
+    assert "flapping" not in steady["annotations"]["summary"]
+    assert "drops out" not in steady["annotations"]["description"]
+    assert flapping["labels"] == steady["labels"]  # the same alert to group, inhibit, silence
