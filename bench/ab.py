@@ -7,11 +7,16 @@ machine noise:
 - ``--what forward``: ``bench/ingest/bench_forward.py``'s ``one_run`` (a synthetic spool
   -> the real local Kafka broker), op records per CPU-second;
 - ``--what pipeline``: one ``Pipeline`` over a suite scenario's records (generation not
-  timed), window summaries per CPU-second.
+  timed), window summaries per CPU-second;
+- ``--what job-stage``: a synthetic job of ``--nodes`` x 8 GPUs (5 keys per rank, 1 s
+  windows, 20 s, a network fault on one node) through each side's key stage (not timed)
+  into its verdicts' wire format; timed: decoding them and one job stage over them, as
+  `bench/detectors/bench_two_stages.py` times it; the job's windows per CPU-second.
 
     .venv/bin/python bench/ab.py OLD_COMMIT --what forward [--repeats 6] [--records 60000]
         [--config 100,lz4,2000]
     .venv/bin/python bench/ab.py OLD_COMMIT --what pipeline [--scenario steady_2x8]
+    .venv/bin/python bench/ab.py OLD_COMMIT --what job-stage [--nodes 1024]
 
 The old commit is checked out with ``git worktree`` under a temporary directory and
 imported through a symlink shim with the editable install's finder removed.
@@ -49,6 +54,32 @@ print(json.dumps({"cpu_s": time.process_time() - t, "records": windows,
                   "module": pipeline.__file__}))
 """
 
+CHILD_JOB_STAGE = r"""
+import gc, json, sys, time
+shim = sys.argv[1]
+if shim:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, shim)
+from ncclwatch.config import DetectorConfig
+from ncclwatch.detectors import keys
+from ncclwatch_testkit import scenarios, stages
+cfg, nodes = DetectorConfig(), int(sys.argv[2])
+sc = scenarios.Scenario("job-stage", nodes, 8, 20, seed=11,
+                        faults=(scenarios.Fault("network", 15, 20, 0.3, node=1),),
+                        forwarder_delay_s=tuple(1.0 + 0.35 * (i % 8) for i in range(nodes)))
+records, _ = scenarios.generate(sc)
+parts, other = stages.split(records, 1)
+blobs = [keys.encode_verdict(v) for v in stages.key_stage(parts[0], cfg)]
+windows = sum(1 for r in records if r.KIND == "window")
+gc.freeze()
+t = time.process_time()
+verdicts = [keys.decode_verdict(b) for b in blobs]
+events = stages.job_stage(stages.job_stage_input(verdicts, other), cfg)
+cpu = time.process_time() - t
+print(json.dumps({"cpu_s": cpu, "records": windows, "bytes": sum(map(len, blobs)),
+                  "events": [[e.type, e.state] for e in events], "module": keys.__file__}))
+"""
+
 CHILD = r"""
 import json, sys
 shim = sys.argv[1]
@@ -81,8 +112,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--records", type=int, default=60000)
     ap.add_argument("--config", default="100,lz4,2000", help="ops_per_message,codec,batch")
-    ap.add_argument("--what", choices=("forward", "pipeline"), default="forward")
+    ap.add_argument("--what", choices=("forward", "pipeline", "job-stage"), default="forward")
     ap.add_argument("--scenario", default="steady_2x8")
+    ap.add_argument("--nodes", type=int, default=1024, help="job-stage: nodes of 8 GPUs")
     args = ap.parse_args()
     from ncclwatch_testkit import services as testing
     from ncclwatch_testkit.synth import write_spool
@@ -101,18 +133,27 @@ def main() -> int:
                 write_spool(str(spool), streams=8, ops_per_stream=args.records // 8,
                             segment_ops=5000, comms=4)
             rates: dict[str, list[float]] = {"old": [], "new": []}
+            seen: dict[str, list] = {}
+            sizes: dict[str, int] = {}
             for i in range(args.repeats):
                 order = ("old", "new") if i % 2 == 0 else ("new", "old")
                 for side in order:
                     shim_arg = str(shim) if side == "old" else ""
-                    cmd = ([sys.executable, "-c", CHILD, shim_arg, str(ROOT / "bench" / "ingest"),
-                            str(spool), args.config, bootstrap, str(args.records)]
-                           if args.what == "forward" else
-                           [sys.executable, "-c", CHILD_PIPELINE, shim_arg, args.scenario])
+                    if args.what == "forward":
+                        cmd = [sys.executable, "-c", CHILD, shim_arg, str(ROOT / "bench" / "ingest"),
+                               str(spool), args.config, bootstrap, str(args.records)]
+                    elif args.what == "pipeline":
+                        cmd = [sys.executable, "-c", CHILD_PIPELINE, shim_arg, args.scenario]
+                    else:
+                        cmd = [sys.executable, "-c", CHILD_JOB_STAGE, shim_arg, str(args.nodes)]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                     r = json.loads(out.stdout.strip().splitlines()[-1])
                     assert ("/shim/" in r["module"]) == (side == "old"), r["module"]
                     rates[side].append(r["records"] / r["cpu_s"])
+                    if "events" in r:  # the same job: both sides must find the same
+                        seen.setdefault(side, r["events"])
+                        assert r["events"] == seen[side] == seen.get("old", r["events"]), r["events"]
+                        sizes[side] = r["bytes"]
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)])
     diffs = [n / o - 1 for o, n in zip(rates["old"], rates["new"], strict=True)]
@@ -123,6 +164,8 @@ def main() -> int:
               f"min {min(v):,.0f}, max {max(v):,.0f} ({len(v)} runs)")
     print("new/old - 1 per repeat: " + ", ".join(f"{d:+.1%}" for d in diffs)
           + f"; median {statistics.median(diffs):+.1%}")
+    if sizes:
+        print("verdict bytes: " + ", ".join(f"{side} {n:,}" for side, n in sizes.items()))
     return 0
 
 

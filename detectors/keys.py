@@ -98,7 +98,10 @@ class KeyVerdict:
     key: KeyTuple  # (comm, op, size_bucket, transport)
     comm_name: str
     window_ns: int
-    ranks: list[tuple[int, str]]  # the group's (rank, host): the job stage's liveness
+    # The group's (rank, host): the job stage's liveness. None: every rank of the
+    # communicator, hosts as in the key's rank_host (a complete group; a list of them
+    # was most of a verdict's bytes and of the job stage's decoding at 8,192 GPUs).
+    ranks: list[tuple[int, str]] | None
     start_ns: int
     end_ns: int
     observed: float  # bus bandwidth of the group (its least-waiting rank), GB/s
@@ -475,7 +478,8 @@ class KeyState:
         busy = sorted([r.count * r.exec_ns_p50 for r in recs])
         return KeyVerdict(
             job=first.job, key=self.tuple, comm_name=self.comm_name, window_ns=self.window_ns,
-            ranks=[(r.rank, r.host) for r in recs], start_ns=start, end_ns=end, observed=obs,
+            ranks=None if n >= first.nranks else [(r.rank, r.host) for r in recs], start_ns=start, end_ns=end,
+            observed=obs,
             baseline=b, effect=effect, degraded=degraded, drift=self.drift.drift_detected,
             was_firing=was_firing, transition=transition, spread_transition=spread_transition,
             spread_effect=spread_effect, exec_ns_p50=ex[n >> 1], host=self.host,
@@ -844,8 +848,8 @@ class KeyStage:
     ...         exec_ns_max=1, busbw_gbs_p50=40.0, first_seq=10 * t, last_seq=10 * t + 9)
     >>> stage.process(window(0, 0))
     []
-    >>> [(v.key[1], v.start_ns, v.observed, v.ranks) for v in stage.process(window(0, 1))]
-    [('AllReduce', 0, 40.0, [(0, 'h0'), (1, 'h1')])]
+    >>> [(v.key[1], v.start_ns, v.observed, v.ranks, v.rank_host) for v in stage.process(window(0, 1))]
+    [('AllReduce', 0, 40.0, None, {0: 'h0', 1: 'h1'})]
     """
 
     def __init__(self, cfg: Any, *, model: Any = None, hold_ranks: int | None = None):
@@ -1207,7 +1211,10 @@ def waiting_share(aligned: dict[int, float], group: dict[int, WindowSummary], wi
 
 # --- the wire format between the stages -----------------------------------------
 
-VERDICT_VERSION = 1
+# 2 (2026-11-28): `ranks` null for a complete group. A job stage of this build reads 1 and
+# 2; one of an older build refuses 2 (upgrade job-stage workers before key-stage ones).
+VERDICT_VERSION = 2
+VERDICT_VERSIONS_READ = (1, 2)
 _encoder = msgspec.json.Encoder()
 _envelope = msgspec.json.Decoder(tuple[int, msgspec.Raw])
 _verdict = msgspec.json.Decoder(KeyVerdict)
@@ -1225,10 +1232,10 @@ def encode_verdict(v: KeyVerdict) -> bytes:
     ...     spread_rule=(False, 0, None, None))
     >>> decode_verdict(encode_verdict(v)) == v
     True
-    >>> decode_verdict(b'[2, {}]')
+    >>> decode_verdict(b'[3, {}]')
     Traceback (most recent call last):
     ...
-    ValueError: key verdict format version 2: this build reads version 1
+    ValueError: key verdict format version 3: this build reads versions 1 and 2
     """
     return _encoder.encode((VERDICT_VERSION, v))
 
@@ -1246,7 +1253,7 @@ class VerdictMark:
     upto_ns: int | None
 
 
-_MARK_PREFIX = b'[%d,"mark",' % VERDICT_VERSION
+_MARK_PREFIXES = tuple(b'[%d,"mark",' % v for v in VERDICT_VERSIONS_READ)
 _mark = msgspec.json.Decoder(tuple[int, str, VerdictMark])
 
 
@@ -1261,7 +1268,7 @@ def encode_mark(m: VerdictMark) -> bytes:
 
 def decode_stage_line(data: bytes) -> KeyVerdict | VerdictMark:
     """A line of the verdicts topic: a verdict or a mark; ValueError otherwise."""
-    if data.startswith(_MARK_PREFIX):
+    if data.startswith(_MARK_PREFIXES):
         try:
             return _mark.decode(data)[2]
         except msgspec.DecodeError as e:
@@ -1275,8 +1282,9 @@ def decode_verdict(data: bytes) -> KeyVerdict:
         version, raw = _envelope.decode(data)
     except msgspec.DecodeError as e:
         raise ValueError(f"not a key verdict: {e}") from None
-    if version != VERDICT_VERSION:
-        raise ValueError(f"key verdict format version {version}: this build reads version {VERDICT_VERSION}")
+    if version not in VERDICT_VERSIONS_READ:
+        raise ValueError(f"key verdict format version {version}: this build reads versions "
+                         f"{' and '.join(map(str, VERDICT_VERSIONS_READ))}")
     try:
         return _verdict.decode(raw)
     except msgspec.DecodeError as e:

@@ -279,10 +279,18 @@ class Pipeline:
             # again (a key stage that crashed after sending, before saving).
             self.duplicate_verdicts += 1
             return
-        self._seen(job, v.key[0], v.ranks, v.start_ns, v.end_ns)
         if view is None:
             view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)
         view.apply(v)
+        comm = v.key[0]
+        if v.ranks is not None:
+            self._seen(job, comm, v.ranks, v.start_ns, v.end_ns)
+        elif job.all_seen_end.get(comm) != v.end_ns:
+            # Every rank of the communicator, as another key of it may have said already
+            job.all_seen_end[comm] = v.end_ns
+            self._seen(job, comm, view.rank_host.items(), v.start_ns, v.end_ns)
+        else:
+            self._seen(job, comm, (), v.start_ns, v.end_ns)
         self._key_verdict(job, view, v, out)
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)

@@ -12,6 +12,7 @@ from ncclwatch.detectors.pipeline import detect_all
 from ncclwatch_testkit import scenarios, stages
 
 from ncclwatch.config import DetectorConfig
+from ncclwatch.records import to_json
 
 CFG = DetectorConfig()
 WINDOW_NS = 10**9
@@ -69,7 +70,8 @@ def test_a_verdict_carries_all_the_job_stage_reads_of_its_key():
 @pytest.mark.parametrize(("data", "says"), [
     (b"", "not a key verdict"),
     (b'{"job": "j"}', "not a key verdict"),
-    (b'[99, {}]', "format version 99: this build reads version 1"),
+    (b'[99, {}]', "format version 99: this build reads versions 1 and 2"),
+    (b'[2, {"job": "j"}]', "malformed key verdict"),
     (b'[1, {"job": "j"}]', "malformed key verdict"),
     (b'[1, {"job": 5}]', "malformed key verdict"),
 ])
@@ -104,8 +106,9 @@ def test_a_communicators_verdicts_depend_only_on_its_own_windows():
     together = [v for v in stages.key_stage(stream, CFG) if v.key[0] == a]
     alone = stages.key_stage([w for w in stream if w.comm == a], CFG)
 
-    def what(vs):
-        return [(v.start_ns // WINDOW_NS, sorted(r for r, _ in v.ranks)) for v in vs]
+    def what(vs):  # a complete group's verdict says "every rank" (None)
+        return [(v.start_ns // WINDOW_NS, [0, 1] if v.ranks is None else sorted(r for r, _ in v.ranks))
+                for v in vs]
 
     assert what(together) == what(alone)
     assert what(alone)[5:20] == [(t, [0, 1]) for t in range(5, 20)]
@@ -537,3 +540,42 @@ def _by_key(encoded):
         d = decode_verdict(v)
         out.setdefault((d.job, tuple(d.key)), []).append(d.end_ns)
     return out
+
+
+def _as_version_1(v: KeyVerdict, rank_host: dict) -> bytes:
+    """``v`` as a key stage of an older build sent it: format 1, every group's ranks listed."""
+    import json
+
+    if v.rank_host is not None:
+        rank_host[v.key] = dict(v.rank_host)
+    body = json.loads(encode_verdict(v))[1]
+    if body["ranks"] is None:
+        body["ranks"] = [[r, h] for r, h in sorted(rank_host[v.key].items())]
+    return json.dumps([1, body]).encode()
+
+
+@pytest.mark.parametrize("name", ["telemetry_silence_2x2", "multi_fault_2x8"])
+def test_verdicts_of_format_1_give_the_events_of_format_2(name):
+    """Format 2 leaves a complete group's ranks out (the job stage takes them from the
+    key's rank_host); a job stage reading an older key stage's lists gives the same
+    events, the silent node of telemetry_silence_2x2 included."""
+    records, _ = scenarios.generate(scenarios.by_name(name))
+    parts, other = stages.split(records, 1)
+    verdicts = stages.key_stage(parts[0], CFG)
+    assert sum(v.ranks is None for v in verdicts) > 0.8 * len(verdicts)  # a silent node's are not
+    new = [decode_verdict(encode_verdict(v)) for v in verdicts]
+    rank_host: dict = {}
+    old = [decode_verdict(_as_version_1(v, rank_host)) for v in verdicts]
+    assert all(v.ranks is not None for v in old)
+    got_new = stages.job_stage(stages.job_stage_input(new, other), CFG)
+    got_old = stages.job_stage(stages.job_stage_input(old, other), CFG)
+    assert [to_json(e) for e in got_new] == [to_json(e) for e in got_old]
+    if name == "telemetry_silence_2x2":
+        assert "telemetry_loss" in {e.type for e in got_new}
+
+
+def test_a_mark_of_format_1_still_reads():
+    from ncclwatch.detectors.keys import VerdictMark, decode_stage_line
+
+    assert decode_stage_line(b'[1,"mark",{"source":2,"upto_ns":7}]') == VerdictMark(2, 7)
+    assert decode_stage_line(b'[2,"mark",{"source":2,"upto_ns":null}]') == VerdictMark(2, None)
