@@ -82,6 +82,11 @@ class KeyParams:
         """The sustained rule's parameters for a key of ``transport``."""
         return self.rule_net if transport in NETWORK_TRANSPORTS else self.rule
 
+    def dropout(self, transport: str, degraded: bool, effect: float) -> bool:
+        """Whether a window of a key of ``transport`` is one its flapping rule counts."""
+        r = self.rule_of(transport)
+        return SustainedRule.severe(effect, degraded, r.get("flap_count", 0), r.get("flap_threshold", 1.0))
+
 
 @dataclass(slots=True)
 class KeyVerdict:

@@ -282,15 +282,11 @@ class Pipeline:
         if view is None:
             view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)
         view.apply(v)
-        comm = v.key[0]
-        if v.ranks is not None:
-            self._seen(job, comm, v.ranks, v.start_ns, v.end_ns)
-        elif job.all_seen_end.get(comm) != v.end_ns:
-            # Every rank of the communicator, as another key of it may have said already
+        comm, ranks = v.key[0], v.ranks
+        if ranks is None:  # every rank of the communicator: once a window, whichever key says it first
+            ranks = () if job.all_seen_end.get(comm) == v.end_ns else view.rank_host.items()
             job.all_seen_end[comm] = v.end_ns
-            self._seen(job, comm, view.rank_host.items(), v.start_ns, v.end_ns)
-        else:
-            self._seen(job, comm, (), v.start_ns, v.end_ns)
+        self._seen(job, comm, ranks, v.start_ns, v.end_ns)
         self._key_verdict(job, view, v, out)
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)
@@ -309,9 +305,7 @@ class Pipeline:
 
     def _key_verdict(self, job: JobState, ks: KeyView, v: KeyVerdict, out: list) -> None:
         """What one closed group of a key sets off across the job (``ks`` has seen it)."""
-        cfg = self.cfg
-        if (cfg.flap_count and v.degraded and not v.was_firing and v.effect >= cfg.flap_threshold
-                and ks.transport in NETWORK_TRANSPORTS):
+        if not v.was_firing and self._p.dropout(ks.transport, v.degraded, v.effect):
             # A drop-out a flapping link fires on once it comes back: a throughput drop of
             # its time is NCCL's. Steps are reported when they end, so those the drop-out
             # slowed come up to a window after it.

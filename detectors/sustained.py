@@ -156,7 +156,7 @@ class SustainedRule(base.Base):
             if not bad:
                 return 0.0
             score = (self._streak + 1) / self.sustain
-            if self.flap_count and effect >= self.flap_threshold:
+            if self.severe(effect, bad, self.flap_count, self.flap_threshold):
                 starts = [s for s in self._recent[1 - self.flap_windows:] if s is not None]
                 if starts and (self._streak == 0 or starts[0] < self._streak_start):
                     score = max(score, (len(starts) + 1) / self.flap_count)
@@ -165,6 +165,11 @@ class SustainedRule(base.Base):
             return (self._streak + 1) / self._recover_windows()
         return 0.0
 
+    @staticmethod
+    def severe(effect: float, degraded: bool, flap_count: int, flap_threshold: float) -> bool:
+        """Whether a window counts towards flapping: a drop-out."""
+        return degraded and flap_count > 0 and effect >= flap_threshold
+
     def _recover_windows(self) -> int:
         return max(self.recover, self.flap_windows) if self._flapping else self.recover
 
@@ -172,7 +177,7 @@ class SustainedRule(base.Base):
         """Account one window; ``degraded`` overrides ``effect >= threshold`` if given."""
         if not self._firing:
             bad = effect >= self.threshold if degraded is None else degraded
-            severe = bad and self.flap_count > 0 and effect >= self.flap_threshold
+            severe = self.severe(effect, bad, self.flap_count, self.flap_threshold)
             if self.flap_count:
                 recent = self._recent
                 recent.append(start_ns if severe else None)
