@@ -147,3 +147,14 @@ def test_worker_reports_what_local_mode_reports(kafka_bootstrap, tmp_path):
     # reopened under one id: the pulsed run's network_path fires more than once
     pulsed = [e for e in got["events"] if e["job"].endswith("p-tc-pulse-12g") and e["state"] == "firing"]
     assert len({e["id"] for e in pulsed}) == 1 and len(pulsed) >= 2
+
+
+def test_runs_of_one_name_in_two_directories_are_judged_apart():
+    # i-tc-20g of 2026-11-23 and of 2026-11-26 once unpacked into one folder: the second
+    # run's events were judged with the first one's files mixed in
+    pair = [ROOT / "tests" / "fixtures" / "gpu_runs" / "2026-11-23" / "i-tc-20g.tar.gz",
+            FIXTURES / "i-tc-20g.tar.gz"]
+    together = eval_gpu_runs.evaluate(pair, CFG, 5.0)
+    apart = [eval_gpu_runs.evaluate([p], CFG, 5.0)[0] for p in pair]
+    assert together == apart
+    assert all(r["ok"] for r in together), eval_gpu_runs.markdown(together)

@@ -289,8 +289,9 @@ def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
     detect = detect or (lambda c, recs: watch.detect(c, recs))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for p in paths:
-            run = unpacked(p, Path(tmp))
+        for i, p in enumerate(paths):
+            # one folder per archive: runs of one name in two directories must not mix
+            run = unpacked(p, Path(tmp) / str(i))
             srcs, options = sources(run)
             records = read_recording(srcs, ReadStats(), options)
             if emulate_sampling > 1:
