@@ -16,7 +16,6 @@ class JobState:
     __slots__ = (
         "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
         "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved",
-        "all_seen_end",
     )
 
     def __init__(self, job: str, cfg: DetectorConfig):
@@ -36,9 +35,6 @@ class JobState:
         # Raised comm incidents resolved within reopen_s, by (type, scope): what a key
         # firing again reopens.
         self.resolved: dict[tuple[str, str], Incident] = {}
-        # comm -> end of the last window every rank of it was marked live for (a cache,
-        # not saved: a communicator's keys each say so for the same window)
-        self.all_seen_end: dict[str, int] = {}
 
     @property
     def recent_ns(self) -> int:

@@ -226,23 +226,11 @@ class Pipeline:
             job.lateness_ns = self.cfg.lateness_windows * window_ns
         return job
 
-    def _seen(self, job: JobState, comm: str, ranks: Any, start: int, end: int) -> None:
-        """Ranks ``[(rank, host), ...]`` of ``comm`` reported a window ``[start, end)``:
-        their liveness, the job's stream time (one loop for a group of thousands)."""
+    def _seen(self, job: JobState, end: int) -> None:
+        """The job reported up to ``end``: its stream time (its ranks' liveness is the
+        telemetry tracker's)."""
         if end > self.last_end_ns:
             self.last_end_ns = end
-        tel = job.telemetry
-        rank_last, timeout = tel.rank_last, self._timeout_ns
-        for rank, host in ranks:
-            rk = (comm, rank)
-            last = rank_last.get(rk)
-            if last is None:
-                tel.rank_host[rk] = host
-                rank_last[rk] = end
-            elif end > last:
-                if end - last > timeout:
-                    tel.resumed.setdefault(host, start)
-                rank_last[rk] = end
         job.silent = False
         if end > job.watermark:
             job.watermark = end
@@ -251,7 +239,8 @@ class Pipeline:
         """Both stages in this process: the key stage's grouping, then the job stage."""
         job = self._job_of(w.job, max(w.end_ns - w.start_ns, 1))
         end = w.end_ns
-        self._seen(job, w.comm, ((w.rank, w.host),), w.start_ns, end)
+        job.telemetry.see_ranks(w.comm, ((w.rank, w.host),), w.start_ns, end, self._timeout_ns)
+        self._seen(job, end)
         if w.transport != "single":
             gk = (w.comm, w.op, w.size_bucket, w.transport)
             ks = job.stage.get(gk)
@@ -282,11 +271,11 @@ class Pipeline:
         if view is None:
             view = job.keys[v.key] = KeyView(v.key, v.comm_name, v.window_ns, self.cfg.sustain_windows)
         view.apply(v)
-        comm, ranks = v.key[0], v.ranks
-        if ranks is None:  # every rank of the communicator: once a window, whichever key says it first
-            ranks = () if job.all_seen_end.get(comm) == v.end_ns else view.rank_host.items()
-            job.all_seen_end[comm] = v.end_ns
-        self._seen(job, comm, ranks, v.start_ns, v.end_ns)
+        if v.ranks is None:  # every rank of the communicator
+            job.telemetry.see_all(v.key[0], view.rank_host.items(), v.start_ns, v.end_ns, self._timeout_ns)
+        else:
+            job.telemetry.see_ranks(v.key[0], v.ranks, v.start_ns, v.end_ns, self._timeout_ns)
+        self._seen(job, v.end_ns)
         self._key_verdict(job, view, v, out)
         if job.watermark >= job.next_tick_ns:
             self._tick(job, out)
