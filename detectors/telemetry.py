@@ -170,8 +170,12 @@ class TelemetryTracker:
                 p["silent_host"] = True
 
     def to_state(self) -> dict[str, Any]:
+        host, comm_all = self.rank_host, self.comm_all
         return {
-            "ranks": [[c, r, self.rank_host[(c, r)], last] for (c, r), last in self._lasts().items()],
+            # each rank's own last window or its communicator's, the later: what an
+            # older build, which marks every rank, reads
+            "ranks": [[c, r, host[rk], last if last >= comm_all.get(c, -1) else comm_all[c]]
+                      for rk, last in self.rank_last.items() for c, r in (rk,)],
             "drops": [[h, *d] for h, d in self.drops.items()],
             "plugin_dropped": dict(self.plugin_dropped),
             "resumed": dict(self.resumed),
