@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar, get_type_hints
 
 import msgspec
 
@@ -1216,17 +1217,39 @@ def waiting_share(aligned: dict[int, float], group: dict[int, WindowSummary], wi
 
 # --- the wire format between the stages -----------------------------------------
 
-# 2 (2026-11-28): `ranks` null for a complete group. A job stage of this build reads 1 and
-# 2; one of an older build refuses 2 (upgrade job-stage workers before key-stage ones).
-VERDICT_VERSION = 2
-VERDICT_VERSIONS_READ = (1, 2)
+# 2 (2026-11-28): `ranks` null for a complete group. 3 (2026-11-28): the fields as one
+# array in KeyVerdict's field order instead of an object (field names were ~500 of a
+# verdict's ~720 bytes); fields added later go at the end, with defaults. A job stage of
+# this build reads 1, 2 and 3; one of an older build refuses 3 by its version (upgrade
+# job-stage workers before key-stage ones).
+VERDICT_VERSION = 3
+VERDICT_VERSIONS_READ = (1, 2, 3)
 _encoder = msgspec.json.Encoder()
 _envelope = msgspec.json.Decoder(tuple[int, msgspec.Raw])
 _verdict = msgspec.json.Decoder(KeyVerdict)
+_VERDICT_FIELDS = tuple(f.name for f in fields(KeyVerdict))
+_verdict_values = operator.attrgetter(*_VERDICT_FIELDS)
 
 
-def encode_verdict(v: KeyVerdict) -> bytes:
-    """A verdict as JSON, ``[VERDICT_VERSION, {...fields}]``, for a job stage in another process.
+def _row_struct() -> type:
+    """KeyVerdict's fields as an array-like msgspec struct: format 3's body, typed."""
+    hints = get_type_hints(KeyVerdict)
+    row = []
+    for f in fields(KeyVerdict):
+        if f.default is MISSING:
+            row.append((f.name, hints[f.name]))
+        else:
+            row.append((f.name, hints[f.name], f.default))
+    return msgspec.defstruct("KeyVerdictRow", row, array_like=True)
+
+
+_verdict_row = msgspec.json.Decoder(_row_struct())
+_astuple = msgspec.structs.astuple
+
+
+def encode_verdict(v: KeyVerdict, version: int = VERDICT_VERSION) -> bytes:
+    """A verdict as JSON, ``[3, [...fields in order]]``, for a job stage in another process;
+    ``version=2`` writes ``[2, {...fields by name}]``, what job stages of older builds read.
 
     >>> from ncclwatch.config import DetectorConfig
     >>> v = KeyVerdict(job="j", key=("0x1", "AllReduce", "64MiB", "net"), comm_name="", window_ns=10**9,
@@ -1235,14 +1258,20 @@ def encode_verdict(v: KeyVerdict) -> bytes:
     ...     spread_transition=None, spread_effect=0.0, exec_ns_p50=10**6, host=None, warm=False,
     ...     baseline_after=None, closed_before=1, rule=(False, 0, None, None),
     ...     spread_rule=(False, 0, None, None))
-    >>> decode_verdict(encode_verdict(v)) == v
+    >>> decode_verdict(encode_verdict(v)) == decode_verdict(encode_verdict(v, version=2)) == v
     True
-    >>> decode_verdict(b'[3, {}]')
+    >>> encode_verdict(v)[:40]
+    b'[3,["j",["0x1","AllReduce","64MiB","net"'
+    >>> decode_verdict(b'[4, {}]')
     Traceback (most recent call last):
     ...
-    ValueError: key verdict format version 3: this build reads versions 1 and 2
+    ValueError: key verdict format version 4: this build reads versions 1, 2 and 3
     """
-    return _encoder.encode((VERDICT_VERSION, v))
+    if version == 3:
+        return _encoder.encode((3, _verdict_values(v)))
+    if version == 2:
+        return _encoder.encode((2, v))
+    raise ValueError(f"key verdict format version {version}: this build writes 2 and 3")
 
 
 @dataclass(slots=True)
@@ -1288,9 +1317,12 @@ def decode_verdict(data: bytes) -> KeyVerdict:
     except msgspec.DecodeError as e:
         raise ValueError(f"not a key verdict: {e}") from None
     if version not in VERDICT_VERSIONS_READ:
+        *first, last = map(str, VERDICT_VERSIONS_READ)
         raise ValueError(f"key verdict format version {version}: this build reads versions "
-                         f"{' and '.join(map(str, VERDICT_VERSIONS_READ))}")
+                         f"{', '.join(first)} and {last}")
     try:
+        if version == 3:
+            return KeyVerdict(*_astuple(_verdict_row.decode(raw)))
         return _verdict.decode(raw)
     except msgspec.DecodeError as e:
         raise ValueError(f"malformed key verdict: {e}") from None

@@ -138,7 +138,7 @@ def test_a_verdict_of_an_older_build_without_the_flag_decodes():
     rule = SustainedRule(**FLAP)
     _run(rule, [0.8, 0.0, 0.8])
     sample = _verdict_with(FireEvidence(Streak(), 0.8, None, [], rule.flapping))
-    line = json.loads(encode_verdict(sample))
+    line = json.loads(encode_verdict(sample, version=2))
     assert line[1]["fired"]["flapping"] is True
     del line[1]["fired"]["flapping"]
     assert decode_verdict(json.dumps(line).encode()).fired.flapping is False

@@ -70,7 +70,7 @@ def test_a_verdict_carries_all_the_job_stage_reads_of_its_key():
 @pytest.mark.parametrize(("data", "says"), [
     (b"", "not a key verdict"),
     (b'{"job": "j"}', "not a key verdict"),
-    (b'[99, {}]', "format version 99: this build reads versions 1 and 2"),
+    (b'[99, {}]', "format version 99: this build reads versions 1, 2 and 3"),
     (b'[2, {"job": "j"}]', "malformed key verdict"),
     (b'[1, {"job": "j"}]', "malformed key verdict"),
     (b'[1, {"job": 5}]', "malformed key verdict"),
@@ -548,7 +548,7 @@ def _as_version_1(v: KeyVerdict, rank_host: dict) -> bytes:
 
     if v.rank_host is not None:
         rank_host[v.key] = dict(v.rank_host)
-    body = json.loads(encode_verdict(v))[1]
+    body = json.loads(encode_verdict(v, version=2))[1]
     if body["ranks"] is None:
         body["ranks"] = [[r, h] for r, h in sorted(rank_host[v.key].items())]
     return json.dumps([1, body]).encode()
@@ -572,6 +572,36 @@ def test_verdicts_of_format_1_give_the_events_of_format_2(name):
     assert [to_json(e) for e in got_new] == [to_json(e) for e in got_old]
     if name == "telemetry_silence_2x2":
         assert "telemetry_loss" in {e.type for e in got_new}
+
+
+@pytest.mark.parametrize("name", ["multi_fault_2x8", "network_pulse_2x2"])
+def test_verdicts_of_format_2_give_the_events_of_format_3_in_about_half_the_bytes(name):
+    """Format 3 writes a verdict's fields as an array (format 2: an object, whose field
+    names were most of its bytes); a job stage reads both to the same verdicts and events."""
+    records, _ = scenarios.generate(scenarios.by_name(name))
+    parts, other = stages.split(records, 1)
+    verdicts = stages.key_stage(parts[0], CFG)
+    v3 = [encode_verdict(v) for v in verdicts]
+    v2 = [encode_verdict(v, version=2) for v in verdicts]
+    assert {b[:3] for b in v3} == {b"[3,"} and {b[:3] for b in v2} == {b"[2,"}
+    assert sum(map(len, v3)) < 0.6 * sum(map(len, v2))
+    new = [decode_verdict(b) for b in v3]
+    assert new == [decode_verdict(b) for b in v2] == verdicts
+    assert any(v.fired is not None for v in new) and any(v.rank_host for v in new)
+    got_new = stages.job_stage(stages.job_stage_input(new, other), CFG)
+    got_old = stages.job_stage(stages.job_stage_input([decode_verdict(b) for b in v2], other), CFG)
+    assert got_new and [to_json(e) for e in got_new] == [to_json(e) for e in got_old]
+
+
+def test_a_format_3_verdict_with_fields_missing_or_of_a_later_build_is_refused_clearly():
+    records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
+    v = encode_verdict(stages.key_stage(stages.split(records, 1)[0][0], CFG)[0])
+    with pytest.raises(ValueError, match="malformed key verdict"):
+        decode_verdict(b'[3,["j",["0x1","AllReduce","64MiB","net"]]]')  # too few fields
+    with pytest.raises(ValueError, match="malformed key verdict"):
+        decode_verdict(v.replace(b'[3,["', b'[3,[7,"', 1))  # every field one place on
+    with pytest.raises(ValueError, match="format version 4: this build reads versions 1, 2 and 3"):
+        decode_verdict(b"[4" + v[2:])
 
 
 def test_a_mark_of_format_1_still_reads():
