@@ -604,6 +604,20 @@ def test_a_format_3_verdict_with_fields_missing_or_of_a_later_build_is_refused_c
         decode_verdict(b"[4" + v[2:])
 
 
+def test_a_format_3_verdict_of_an_older_or_newer_build_reads():
+    """Fields are added at the end with a default: an older build's verdict (fewer fields)
+    reads with that default, a newer one's (more) reads without them."""
+    import json
+
+    records, _ = scenarios.generate(scenarios.by_name("multi_fault_2x8"))
+    v = stages.key_stage(stages.split(records, 1)[0][0], CFG)[0]
+    assert v.busy_ns is not None  # the last field
+    version, row = json.loads(encode_verdict(v))
+    older = decode_verdict(json.dumps([version, row[:-1]]).encode())
+    assert older.busy_ns is None and older.end_ns == v.end_ns and older.rank_host == v.rank_host
+    assert decode_verdict(json.dumps([version, [*row, {"later": 1}]]).encode()) == v
+
+
 def test_a_mark_of_format_1_still_reads():
     from ncclwatch.detectors.keys import VerdictMark, decode_stage_line
 
