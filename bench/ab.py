@@ -11,12 +11,16 @@ machine noise:
 - ``--what job-stage``: a synthetic job of ``--nodes`` x 8 GPUs (5 keys per rank, 1 s
   windows, 20 s, a network fault on one node) through each side's key stage (not timed)
   into its verdicts' wire format; timed: decoding them and one job stage over them, as
-  `bench/detectors/bench_two_stages.py` times it; the job's windows per CPU-second.
+  `bench/detectors/bench_two_stages.py` times it; the job's windows per CPU-second;
+- ``--what merge``: the job worker's ``VerdictMerge`` as the worker drives it: 200 windows
+  of 1,000 communicators' verdicts added one at a time, each followed by a release, and
+  every 1,000 a mark from each of 8 key stages and a release; verdicts per CPU-second.
 
     .venv/bin/python bench/ab.py OLD_COMMIT --what forward [--repeats 6] [--records 60000]
         [--config 100,lz4,2000]
     .venv/bin/python bench/ab.py OLD_COMMIT --what pipeline [--scenario steady_2x8]
     .venv/bin/python bench/ab.py OLD_COMMIT --what job-stage [--nodes 1024]
+    .venv/bin/python bench/ab.py OLD_COMMIT --what merge
 
 The old commit is checked out with ``git worktree`` under a temporary directory and
 imported through a symlink shim with the editable install's finder removed.
@@ -80,6 +84,36 @@ print(json.dumps({"cpu_s": cpu, "records": windows, "bytes": sum(map(len, blobs)
                   "events": [[e.type, e.state] for e in events], "module": keys.__file__}))
 """
 
+CHILD_MERGE = r"""
+import json, sys, time
+shim = sys.argv[1]
+if shim:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, shim)
+from ncclwatch.detectors import keys
+def verdict(end, comm):
+    return keys.KeyVerdict(
+        job="j", key=(comm, "AllReduce", "4MiB", "net"), comm_name="", window_ns=1, ranks=None,
+        start_ns=end - 1, end_ns=end, observed=1.0, baseline=None, effect=0.0, degraded=False,
+        drift=False, was_firing=False, transition=None, spread_transition=None, spread_effect=0.0,
+        exec_ns_p50=1, host=None, warm=False, baseline_after=None, closed_before=end,
+        rule=(False, 0, None, None), spread_rule=(False, 0, None, None))
+items = [verdict(t, f"c{c}") for t in range(1, 201) for c in range(1000)]
+merge = keys.VerdictMerge(range(8))
+released = 0
+t = time.process_time()
+for i, v in enumerate(items):
+    merge.add(v)
+    released += len(merge.release())
+    if i % 1000 == 999:
+        for source in range(8):
+            merge.mark(source, v.end_ns - 2)
+        released += len(merge.release())
+cpu = time.process_time() - t
+print(json.dumps({"cpu_s": cpu, "records": len(items), "events": released, "bytes": 0,
+                  "module": keys.__file__}))
+"""
+
 CHILD = r"""
 import json, sys
 shim = sys.argv[1]
@@ -112,7 +146,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--records", type=int, default=60000)
     ap.add_argument("--config", default="100,lz4,2000", help="ops_per_message,codec,batch")
-    ap.add_argument("--what", choices=("forward", "pipeline", "job-stage"), default="forward")
+    ap.add_argument("--what", choices=("forward", "pipeline", "job-stage", "merge"), default="forward")
     ap.add_argument("--scenario", default="steady_2x8")
     ap.add_argument("--nodes", type=int, default=1024, help="job-stage: nodes of 8 GPUs")
     args = ap.parse_args()
@@ -144,6 +178,8 @@ def main() -> int:
                                str(spool), args.config, bootstrap, str(args.records)]
                     elif args.what == "pipeline":
                         cmd = [sys.executable, "-c", CHILD_PIPELINE, shim_arg, args.scenario]
+                    elif args.what == "merge":
+                        cmd = [sys.executable, "-c", CHILD_MERGE, shim_arg]
                     else:
                         cmd = [sys.executable, "-c", CHILD_JOB_STAGE, shim_arg, str(args.nodes)]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -159,12 +195,12 @@ def main() -> int:
     diffs = [n / o - 1 for o, n in zip(rates["old"], rates["new"], strict=True)]
     for side in ("old", "new"):
         v = rates[side]
-        unit = "op records" if args.what == "forward" else "windows"
+        unit = {"forward": "op records", "merge": "verdicts"}.get(args.what, "windows")
         print(f"{side}: median {statistics.median(v):,.0f} {unit}/CPU-s, "
               f"min {min(v):,.0f}, max {max(v):,.0f} ({len(v)} runs)")
     print("new/old - 1 per repeat: " + ", ".join(f"{d:+.1%}" for d in diffs)
           + f"; median {statistics.median(diffs):+.1%}")
-    if sizes:
+    if any(sizes.values()):
         print("verdict bytes: " + ", ".join(f"{side} {n:,}" for side, n in sizes.items()))
     return 0
 

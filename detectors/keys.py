@@ -1057,6 +1057,7 @@ class VerdictMerge:
                  clock: Callable[[], float] = time.monotonic):
         self._marks: dict[Any, int] = dict.fromkeys(sources, NEVER)
         self._idle: set[Any] = set()
+        self._bound: Any = _STALE  # the lowest mark of a source not idle (None: no such source)
         self.idle_wait_s = idle_wait_s
         self.clock = clock
         self._arrived: deque[tuple[float, int]] = deque()  # (clock, time) of what was added
@@ -1098,6 +1099,7 @@ class VerdictMerge:
     def mark(self, source: Any, upto_ns: int | None) -> None:
         """``source`` has sent every verdict ending at or before ``upto_ns`` (None: it is
         idle, and what it sends next ends after what the others let go by then)."""
+        self._bound = _STALE
         if upto_ns is None:
             self._idle.add(source)
             return
@@ -1106,18 +1108,31 @@ class VerdictMerge:
         if upto_ns > NEVER:  # "nothing known yet" (a new owner) does not end idleness
             self._idle.discard(source)
 
+    def _marks_bound(self) -> int | None:
+        b = self._bound
+        if b is _STALE:
+            marks = [t for s, t in self._marks.items() if s not in self._idle]
+            b = self._bound = min(marks) if marks else None
+        return b
+
     def release(self, *, flush: bool = False) -> list[Any]:
         """What may go now, in order (``flush``: everything, at the end of input)."""
+        marked = self._marks_bound()
+        heap = self._heap
+        if not (flush or self._late or self._arrived) and marked is not None \
+                and (not heap or heap[0][0] > marked):
+            # the common case, asked after every verdict added: nothing can go yet
+            if marked > self.released_upto:
+                self.released_upto = marked
+            return []
         late, self._late = self._late, []
         out = [item for item, _ in late]
         tags = [tag for _, tag in late if tag is not None]
-        marks = [t for s, t in self._marks.items() if s not in self._idle]
-        bound: float = float("inf") if flush or not marks else min(marks)
+        bound: float = float("inf") if flush or marked is None else marked
         if self._arrived:
             self._waited()
-            if not marks and not flush and self._marks:
+            if marked is None and not flush and self._marks:
                 bound = self._waited_upto
-        heap = self._heap
         while heap and heap[0][0] <= bound:
             entry = heapq.heappop(heap)
             out.append(entry[-2])
@@ -1126,7 +1141,7 @@ class VerdictMerge:
         if tags:
             self.released_tags += tags
         if not flush and self._marks:
-            upto = bound if marks else max((record_end(x) for x in out), default=NEVER)
+            upto = bound if marked is not None else max((record_end(x) for x in out), default=NEVER)
             if upto > self.released_upto:
                 self.released_upto = int(upto)
         return out
@@ -1162,9 +1177,13 @@ class VerdictMerge:
         obj = cls()
         obj._marks = {s: t for s, t, _ in st["marks"]}
         obj._idle = {s for s, _, idle in st["marks"] if idle}
+        obj._bound = _STALE
         obj.late = st["late"]
         obj.released_upto = st["released_upto"]
         return obj
+
+
+_STALE = object()  # VerdictMerge._bound after the marks changed
 
 
 def record_end(x: Any) -> int:
