@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import sys
@@ -172,12 +173,51 @@ def gpu_section(work: Path) -> str:
     ])
 
 
+RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layout)
+    ("2026-11-23", "2×H200, a network and an NVLink communicator"),
+    ("2026-11-26", "2×H100"),
+    ("2026-11-27", "2×H100, pipeline `Send`/`Recv`"),
+    ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
+)
+
+
+@functools.cache
+def judged(name: str) -> dict[str, dict]:
+    """Every run of one recorded set judged once by eval_gpu_runs.py, by run name (the
+    summary and the set's own section share them)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    root = eval_gpu_runs.FIXTURES.parent / name
+    rows = eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([str(root)], "all"), config.load(None, environ={}), 5.0)
+    return {r["run"]: r for r in rows}
+
+
+def recorded_summary_section() -> str:
+    """All recorded sets at a glance: runs, right, and which are not."""
+    lines = ["## All recorded GPU runs at a glance\n",
+             "Every recorded run judged as in the sections below (a fault costing ≥ 5 % of the "
+             "job's TFLOP/s found with the right attribution within 5 s at the right severity, "
+             "nothing else raised), local mode:\n",
+             "| set | machine and layout | runs | right | not right |",
+             "| --- | --- | ---: | ---: | --- |"]
+    total = right = 0
+    for name, machine in RECORDED_SETS:
+        rows = judged(name)
+        wrong = sorted(n for n, r in rows.items() if not r["ok"])
+        total += len(rows)
+        right += len(rows) - len(wrong)
+        lines.append(f"| `{name}` | {machine} | {len(rows)} | {len(rows) - len(wrong)} | "
+                     f"{', '.join(f'`{n}`' for n in wrong) or '-'} |")
+    lines += [f"| all | | {total} | {right} | |", ""]
+    return "\n".join(lines)
+
+
 def gpu_runs_section() -> str:
     """The 18 runs of 2026-11-23 judged by eval_gpu_runs.py, split by split."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import eval_gpu_runs
 
-    cfg = config.load(None, environ={})
     parts = [
         "## Recorded GPU runs of 2026-11-23 (plugin and NCCL Inspector)\n",
         "18 real 2×H200 runs (`tests/fixtures/gpu_runs/2026-11-23`, recorded with "
@@ -192,11 +232,12 @@ def gpu_runs_section() -> str:
         "events, event for event, on every run "
         "(`tests/test_gpu_runs_2026_11_23.py`).\n",
     ]
-    for split in ("heldout", "tune"):
-        rows = eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([], split), cfg, 5.0)
+    rows = judged("2026-11-23")
+    split = json.loads((eval_gpu_runs.FIXTURES / "split.json").read_text())
+    for half in ("heldout", "tune"):
         title = ("Held-out half (no threshold tuned on it; see the note below)"
-                 if split == "heldout" else "Tuning half")
-        parts += [f"### {title}\n", eval_gpu_runs.markdown(rows), ""]
+                 if half == "heldout" else "Tuning half")
+        parts += [f"### {title}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[half])]), ""]
     return "\n".join(parts)
 
 
@@ -207,8 +248,7 @@ def gpu_runs_2026_11_26_section() -> str:
 
     root = eval_gpu_runs.FIXTURES.parent / "2026-11-26"
     split = json.loads((root / "split.json").read_text())
-    cfg = config.load(None, environ={})
-    rows = {r["run"]: r for r in eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([str(root)], "all"), cfg, 5.0)}
+    rows = judged("2026-11-26")
 
     halves = (  # (split half, heading, what was judged when), newest first
         ("heldout_5", "Fifth batch, held out (recorded after the waiting rule, judged once)",
@@ -234,10 +274,9 @@ def gpu_runs_2026_11_27_section() -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import eval_gpu_runs
 
-    root = eval_gpu_runs.FIXTURES.parent / "2026-11-27"
-    rows = eval_gpu_runs.evaluate(eval_gpu_runs.run_dirs([str(root)], "all"), config.load(None, environ={}), 5.0)
+    rows = judged("2026-11-27")
     return "\n".join(["## Recorded GPU runs of 2026-11-27 (point-to-point traffic)\n", GPU_RUNS_11_27,
-                      eval_gpu_runs.markdown(rows), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(rows)]), ""])
 
 
 def gpu_runs_2026_11_27_x4_section() -> str:
@@ -247,8 +286,7 @@ def gpu_runs_2026_11_27_x4_section() -> str:
 
     root = eval_gpu_runs.FIXTURES.parent / "2026-11-27-x4"
     split = json.loads((root / "split.json").read_text())
-    rows = {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(root.glob("*.tar.gz")),
-                                                          config.load(None, environ={}), 5.0)}
+    rows = judged("2026-11-27-x4")
     parts = ["## Recorded GPU runs of 2026-11-27 on four GPUs (a mixed communicator)\n", GPU_RUNS_11_27_X4]
     for half, heading in (("heldout_18", "Twenty-first batch, held out for the flapping rule: throttle pulses "
                                          "of 1-2 s on, 2-3 s off through both profilers and four pretend nodes, "
@@ -511,6 +549,7 @@ def render(work: Path) -> str:
         f"({len(seeded)} streams: seeds {SEEDS.start}–{SEEDS.stop - 1})\n",
         per_type,
         gpu_section(work),
+        recorded_summary_section(),
         gpu_runs_section(),
         GPU_RUNS_NOTE,
         gpu_runs_2026_11_26_section(),
