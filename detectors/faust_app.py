@@ -682,15 +682,22 @@ class Worker:
         t0 = time.perf_counter()
         # From a revocation until the tables are recovered nothing is ours: a state read
         # then may be half recovered, one saved then may land after the new owner
-        # recovered. So a batch waits for that, then drops what was fetched before the
+        # recovered. So a batch then is dropped, as is what was fetched before the
         # rebalance (Faust tags messages with the generation they were fetched in), and
-        # takes each partition's messages in order from the committed offsets on.
-        while not self._ready():
-            await asyncio.sleep(0.05)
+        # each partition's messages are taken in order from the committed offsets on
+        # (ReadOrder seeks back to what was dropped). Not waited out: an agent that sits
+        # on a batch lets its queue fill, Faust's fetcher then blocks putting the next
+        # message in it, and the changelog messages the recovery waits for cannot come
+        # (seen once under load: a key worker "in recovery" for 4 minutes with no
+        # changelog message arriving, and every job stage stalled behind it).
+        if not self._ready():
+            self.stats.stale += len(events)
+            return
         async with self._lock:
             self._stream = stream
             generation = self.app.consumer_generation_id
-            fresh = [e for e in events if e.message.generation_id in (None, generation)]
+            ready = self._ready()  # a rebalance may have begun while waiting for the lock
+            fresh = [e for e in events if ready and e.message.generation_id in (None, generation)]
             self.stats.stale += len(events) - len(fresh)
             events = await self._in_order(fresh)
             self._batch_began = self._rebalances
@@ -718,6 +725,7 @@ class Worker:
             if rebalances != self._rebalances or not self._ready():
                 return []
             self.order.start(start, time.monotonic())
+            consumer.reading_from(start)  # what no commit may pass unacknowledged
             self._order_from = rebalances
         order, now = self.order, time.monotonic()
         taken, holes, dropped = [], set(), set()
@@ -750,7 +758,11 @@ class Worker:
         if not due:
             return
         consumer = self.app.consumer
+        rebalances = self._rebalances
         earliest = await consumer.earliest_offsets(*due)
+        if rebalances != self._rebalances or not self._ready():
+            return  # the partitions may not be ours any more: resumed now, they would
+            # deliver into the agent during the new owner's recovery
         seeks = {}
         for tp in due:
             want = self.order.next_offset(tp)
@@ -767,6 +779,8 @@ class Worker:
         self.stats.seeks += len(seeks)
         log.info("seeking back over holes: %s", {f"{tp.topic}[{tp.partition}]": o for tp, o in seeks.items()})
         await consumer.seek_wait(seeks)
+        if rebalances != self._rebalances or not self._ready():
+            return
         consumer.resume_partitions(_faust_tps(due))
 
     async def _send_marks(self) -> list[Any]:

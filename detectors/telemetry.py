@@ -93,7 +93,7 @@ class TelemetryTracker:
 
     def last_seen(self, comm: str, rank: int) -> int | None:
         last = self.rank_last.get((comm, rank))
-        return None if last is None else max(last, self.comm_all.get(comm, -1))
+        return None if last is None else max(last, self.comm_all.get(comm, -1))  # as _lasts()
 
     def see_drop(self, host: str, ts_ns: int, count: int, reason: str) -> None:
         d = self.drops.get(host)
@@ -170,12 +170,11 @@ class TelemetryTracker:
                 p["silent_host"] = True
 
     def to_state(self) -> dict[str, Any]:
-        host, comm_all = self.rank_host, self.comm_all
+        host = self.rank_host
         return {
             # each rank's own last window or its communicator's, the later: what an
             # older build, which marks every rank, reads
-            "ranks": [[c, r, host[rk], last if last >= comm_all.get(c, -1) else comm_all[c]]
-                      for rk, last in self.rank_last.items() for c, r in (rk,)],
+            "ranks": [[c, r, host[rk], last] for rk, last in self._lasts().items() for c, r in (rk,)],
             "drops": [[h, *d] for h, d in self.drops.items()],
             "plugin_dropped": dict(self.plugin_dropped),
             "resumed": dict(self.resumed),
