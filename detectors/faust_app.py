@@ -533,10 +533,11 @@ class Worker:
             # one time-merge group: the worker reads all its partitions abreast
             self.core = StreamCore(KeyDetectors(cfg.detector), self._load_state, merge,
                                    state_key=KeyDetectors.state_key, merge_group=lambda _: 0,
-                                   save_every_s=save_every_s, hold_events=False)
+                                   save_every_s=save_every_s, hold_events=False, encode_state=self.saved.entries)
         else:
             detectors = JobDetectors(cfg.detector, partitions=n, staged=stage == "jobs", idle_wait_s=IDLE_AFTER_S)
-            self.core = StreamCore(detectors, self._load_state, merge, save_every_s=save_every_s)
+            self.core = StreamCore(detectors, self._load_state, merge, save_every_s=save_every_s,
+                                   encode_state=self.saved.entries)
         # what each input may carry: anything else there breaks the topic's contract
         self.kinds = {
             names["windows"]: (WindowSummary,),
@@ -896,13 +897,17 @@ class Worker:
             # recovered the table already, so a state written now could land after its
             # own and be what the next owner recovers, older than the offsets it was
             # committed with. Nothing is saved or acknowledged: the batch is read again
-            # from the committed offsets (ReadOrder starts over after a rebalance).
+            # from the committed offsets (ReadOrder starts over after a rebalance). The
+            # codec took the entries built for it as written (which slot holds a state's
+            # parts); the rebalance made the core forget every job, and a job's next
+            # load from the table sets that right again.
             self.stats.abandoned += 1
             return
-        for job, (partition, state) in out.states.items():
+        for partition, entries in out.states.values():
             # Not ``table[job] = state``: that takes the partition from the *current*
-            # event, and a batch spans partitions. A job's parts go to its partition.
-            for key, value in self.saved.entries(job, state):
+            # event, and a batch spans partitions. A job's parts (the codec's entries,
+            # built in the save) go to its partition.
+            for key, value in entries:
                 if value is None:  # forgotten, or a part no longer used: compacted away
                     self.table.data.pop(key, None)
                 else:

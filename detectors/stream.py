@@ -836,8 +836,9 @@ class BatchOutcome:
     events: list[AnomalyEvent] = field(default_factory=list)
     dead_letters: list[tuple[Message, Quarantined]] = field(default_factory=list)
     # job -> (partition, state to save, or None to delete): the partition its table
-    # entry belongs to, the same as its records'
-    states: dict[str, tuple[int, dict | None]] = field(default_factory=dict)
+    # entry belongs to, the same as its records'; with StreamCore's ``encode_state``,
+    # what that gave for the state instead
+    states: dict[str, tuple[int, Any]] = field(default_factory=dict)
     done: list[Message] = field(default_factory=list)  # may be acknowledged once saved
     records: int = 0
     skipped: int = 0
@@ -892,6 +893,13 @@ class StreamCore:
         True (default): events wait for the save as above. False for the key stage:
         its verdicts go out at once, ahead of the progress marks sent after them, and a
         verdict sent again is an exact copy the job stage folds.
+    encode_state
+        ``(job, state or None) -> what to write``, called inside the save (the worker:
+        its table codec's entries), so a state's millions of small objects are built,
+        encoded and freed while garbage collection is paused. Left for later, they are
+        still alive when collection resumes, and the next collection walks them all
+        (1.2 s of a 49,152-GPU job worker's 13.6 s of batches, 2026-11-28). None
+        (default): ``states`` holds the states themselves.
     """
 
     SAVE_COST_FACTOR = 5.0  # saving takes at most ~1/5 of the time
@@ -908,6 +916,7 @@ class StreamCore:
         merge_group: Callable[[int], int] | None = None,
         save_every_s: float = 0.0,
         hold_events: bool = True,
+        encode_state: Callable[[str, dict | None], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.detectors = detectors
@@ -921,6 +930,7 @@ class StreamCore:
         self._remaining: dict[tuple[str, int, int], int] = {}  # message -> records held
         self.save_every_s = save_every_s
         self.hold_events = hold_events
+        self.encode_state = encode_state
         self._clock = clock
         self._unsaved: set[str] = set()  # touched since the last save
         self._unsaved_gone: dict[str, int] = {}  # forgotten since the last save -> partition
@@ -1119,9 +1129,10 @@ class StreamCore:
     def _save(self, out: BatchOutcome) -> None:
         """Every state touched since the last save into ``out``, with what it covers."""
         t = time.perf_counter()
-        for job, partition in self._unsaved_gone.items():
-            out.states[job] = (partition, None)
+        encode = self.encode_state
         with collection_paused():
+            for job, partition in self._unsaved_gone.items():
+                out.states[job] = (partition, None if encode is None else encode(job, None))
             for job in sorted(self._unsaved):
                 if job not in self.detectors.pipelines or job not in self.partition_of:
                     continue
@@ -1130,6 +1141,8 @@ class StreamCore:
                     "detectors": self.detectors.job_state(job),
                     "positions": dict(self.positions[job]),
                 }
+                if encode is not None:
+                    state = encode(job, state)  # the dicts go here, collection still paused
                 out.states[job] = (self.partition_of[job], state)  # after a tombstone: back again
         out.done = self._unacked
         self._unacked = []

@@ -164,6 +164,46 @@ def test_the_worker_core_builds_its_saves_without_collections():
     assert set(out.states) == {"a", "b"}
 
 
+def test_the_worker_core_encodes_its_saves_before_collections_resume():
+    """With ``encode_state`` (the worker's table codec), each state is encoded inside the
+    pause too, and only the encoded entries leave it: the state's objects are freed
+    before garbage collection resumes, so no collection walks them."""
+    import gc
+    import weakref
+
+    from ncclwatch.detectors.saved import StateCodec
+    from ncclwatch.detectors.stream import JobDetectors, StreamCore
+
+    from ncclwatch.config import DetectorConfig
+
+    codec = StateCodec()
+    encoded, alive = [], []
+
+    class Probe(dict):  # a dict that can be referenced weakly: is the state still alive?
+        pass
+
+    def encode(job, state):
+        encoded.append((job, gc.isenabled()))
+        probe = Probe(state)
+        alive.append(weakref.ref(probe))
+        return codec.entries(job, probe)
+
+    detectors = JobDetectors(DetectorConfig(), partitions=1)
+    core = StreamCore(detectors, lambda job: None, encode_state=encode)
+    for job in ("a", "b"):
+        core.positions[job] = core._ensure(job)
+        detectors.pipeline(job)
+        core.partition_of[job] = 0
+    core._unsaved = {"a", "b"}
+    out = core.handle([])
+    assert encoded == [("a", False), ("b", False)] and gc.isenabled()
+    assert all(ref() is None for ref in alive)  # freed as soon as encoded
+    for job in ("a", "b"):
+        partition, entries = out.states[job]
+        assert partition == 0
+        assert codec.load(dict(entries).get, job)["positions"] == {}  # what the codec reads back
+
+
 def test_a_saved_job_with_open_incidents_is_adopted_from_one_read_of_its_state():
     """After a rebalance the job stage reads each saved job to see whether it left
     incidents open; one it adopts is loaded from that read, not decoded again."""

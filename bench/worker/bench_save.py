@@ -1,5 +1,9 @@
-"""What one save of a large job's state costs the job worker, with and without garbage
-collection while it is built (``stream.collection_paused``, which ``StreamCore`` uses).
+"""What one save of a large job's state costs the job worker: built with garbage
+collection on (``collecting``); built inside ``stream.collection_paused`` and encoded
+after it (``paused``, StreamCore before 2026-11-28 afternoon); built, encoded and freed
+inside it (``encoded_in_pause``, StreamCore's ``encode_state``, as the worker saves now).
+Each side ends with the young collection that the worker's next allocation sets off
+(``gc.collect(0)``): it walks whatever the pause left alive.
 
 The job is ``bench_stages.py``'s synthetic one (``--nodes`` × 8 GPUs, 5 keys per rank,
 1 s windows, ``--seconds`` of it), its windows through the library's key stage and its
@@ -14,7 +18,7 @@ alternate; CPU seconds per save, medians. ::
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gc
 import json
 import platform
 import statistics
@@ -51,15 +55,30 @@ def main() -> int:
     print(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                       "cpu": cpu_model(), "python": platform.python_version(),
                       "command": "bench/worker/bench_save.py", "args": vars(args)}), flush=True)
-    sides = {"collecting": contextlib.nullcontext, "paused": collection_paused}
+    def collecting() -> list:
+        return codec.entries("job", job_stage.to_state())
+
+    def paused() -> list:
+        with collection_paused():
+            state = job_stage.to_state()
+        gc.collect(0)  # the state still alive
+        return codec.entries("job", state)
+
+    def encoded_in_pause() -> list:
+        with collection_paused():
+            entries = codec.entries("job", job_stage.to_state())
+        gc.collect(0)
+        return entries
+
+    sides = {"collecting": collecting, "paused": paused, "encoded_in_pause": encoded_in_pause}
     cost: dict[str, list[float]] = {side: [] for side in sides}
     for i in range(args.repeats):
         for side in list(sides) if i % 2 == 0 else list(sides)[::-1]:
             t = time.process_time()
-            with sides[side]():
-                state = job_stage.to_state()
-            size = sum(len(v or b"") for _, v in codec.entries("job", state))
+            entries = sides[side]()
             cost[side].append(time.process_time() - t)
+            size = sum(len(v or b"") for _, v in entries)
+            del entries
             print(json.dumps({"side": side, "cpu_s": round(cost[side][-1], 3), "bytes": size}), flush=True)
     print(json.dumps({side: {"median_cpu_s": round(statistics.median(c), 3), "min": round(min(c), 3),
                              "max": round(max(c), 3)} for side, c in cost.items()}))
