@@ -811,8 +811,10 @@ GC_THRESHOLDS = (10_000, 10, 10)
 def collection_paused() -> Iterator[None]:
     """No garbage collection inside: for building a large state, millions of small
     objects and no reference cycles, whose count alone triggers collections that walk
-    the whole live heap (a 49,152-GPU job's 21 MB state: 0.30 s to build and encode
-    without them, 0.73 s with; bench/worker/bench_save.py, docs/BENCHMARKS.md)."""
+    the whole live heap. Free them inside too: alive when collection resumes, the next
+    young collection walks them all (a 49,152-GPU job's 21 MB state, with that
+    collection: 0.47 s built inside and encoded after, 0.34 s built, encoded and freed
+    inside; bench/worker/bench_save.py, docs/BENCHMARKS.md)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -881,9 +883,9 @@ class StreamCore:
         0 (default): the touched states go out with every batch. Above 0: at most this
         often, and no more often than every ``SAVE_COST_FACTOR`` times what building
         the last save took: a large job's state (6.7 MB of JSON at 16,384 GPUs: 1.4 s
-        to build and serialise on 2026-11-26, 0.16 s on 2026-11-28 and 0.074 s built
-        with collection paused; 21 MB and 0.30 s at 49,152) saved after every batch
-        costs more than detecting.
+        to build and serialise on 2026-11-26, 0.084 s on 2026-11-28 built and
+        encoded with collection paused; 21 MB and 0.34 s at 49,152) saved after every
+        batch costs more than detecting.
         Until a save, the messages done wait with it (``done`` is only what a save in
         the same outcome covers), so the committed offsets never pass the saved state;
         and so do the events those messages made (``events`` too is only what the save
