@@ -310,6 +310,43 @@ class WorkerStats:
     holes_gone: int = 0  # holes retention made in the broker's log: gone for good
 
 
+class RecoveryWatch:
+    """Whether a table recovery has stopped moving: in recovery, and the changelog
+    messages it still needs not fewer for ``stall_s``.
+
+    Faust's recovery waits for ever on a changelog partition that delivers nothing
+    (seen once under load: a key worker "in recovery" for 4 minutes, no changelog
+    message arriving, and every job stage stalled on its missing progress marks). A
+    worker that looks alive and has stopped is worse than one that exits: past the
+    bound it exits non-zero, for its supervisor to restart it and the group to
+    rebalance.
+
+    >>> watch = RecoveryWatch(stall_s=60.0)
+    >>> [watch.stalled(True, 100, now=t) for t in (0.0, 30.0, 59.0)]
+    [False, False, False]
+    >>> watch.stalled(True, 90, now=70.0), watch.stalled(True, 90, now=125.0)  # it moved at 70
+    (False, False)
+    >>> watch.stalled(True, 90, now=131.0)
+    True
+    >>> watch.stalled(False, None, now=500.0), watch.stalled(True, 90, now=501.0)  # a new one
+    (False, False)
+    """
+
+    def __init__(self, stall_s: float):
+        self.stall_s = stall_s
+        self._seen: tuple[int | None, float] | None = None  # (remaining, since when)
+
+    def stalled(self, in_recovery: bool, remaining: int | None, now: float) -> bool:
+        if not in_recovery:
+            self._seen = None
+            return False
+        seen = self._seen
+        if seen is None or (remaining is not None and (seen[0] is None or remaining < seen[0])):
+            self._seen = (remaining, now)
+            return False
+        return now - seen[1] > self.stall_s
+
+
 class ReadOrder:
     """Per input partition, the next offset the worker must take: it takes every
     partition's messages strictly in order and seeks back over a hole.
@@ -549,6 +586,7 @@ class Worker:
         self._last_read: dict[Any, float] = {}  # input partition -> when it last delivered
         self._pending: dict[tuple[str, int, int], Any] = {}  # held, unacknowledged events
         self.order = ReadOrder()
+        self.recovery = RecoveryWatch(RECOVERY_STALL_S)
         self._order_from = -1  # the rebalance count ``order`` was started at
         self._rebalances = 0  # partitions revoked or assigned, so far
         self._batch_began = 0  # ... when the current batch began
@@ -810,6 +848,7 @@ class Worker:
         if self.sink is not None:
             self._executor.submit(self.sink.tick)
         self._check_producer()
+        self._check_recovery()
         self._progress_idle_inputs()
         if self._ready() and self._order_from == self._rebalances:
             consumer = self.app.consumer
@@ -861,6 +900,15 @@ class Worker:
         recovery reads the changelogs with the same consumer the tick pauses, seeks and
         resumes input partitions on: leave it alone until it is done)."""
         return self._settled and not self.app.rebalancing and not self.app.in_recovery
+
+    def _check_recovery(self) -> None:
+        """Stop if the tables' recovery stopped moving (:class:`RecoveryWatch`)."""
+        app = self.app
+        in_recovery = bool(app.in_recovery)
+        remaining = app.tables.recovery.active_remaining_total() if in_recovery else None
+        if self.recovery.stalled(in_recovery, remaining, time.monotonic()):
+            raise RuntimeError(f"table recovery read no changelog message for {RECOVERY_STALL_S:.0f} s "
+                               f"({remaining} still to read): stopping, for a restart to recover afresh")
 
     def _check_producer(self) -> None:
         """Stop if Faust's producer died: a send that failed (a changelog value over the
@@ -940,6 +988,9 @@ VERDICT_MESSAGE_BYTES = 400_000  # well under Kafka's 1 MB message limit
 # hold values of a few MB.
 LARGE_MESSAGE_BYTES = 16 << 20
 CRASH_EXIT_S = 30.0  # a crashed worker that has not stopped by then exits hard
+# A table recovery that reads no changelog message for this long has stopped (a large
+# job's states are tens of MB: seconds to read, not minutes).
+RECOVERY_STALL_S = 180.0
 
 
 def pack_verdicts(items: list[Any]) -> list[tuple[bytes, bytes, float]]:
