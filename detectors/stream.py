@@ -1134,6 +1134,10 @@ class StreamCore:
         encode = self.encode_state
         with collection_paused():
             for job, partition in self._unsaved_gone.items():
+                if job in self._unsaved and job in self.detectors.pipelines and job in self.partition_of:
+                    # back again: its state below replaces the tombstone (encoding the
+                    # tombstone too would make the codec forget the slot its parts are in)
+                    continue
                 out.states[job] = (partition, None if encode is None else encode(job, None))
             for job in sorted(self._unsaved):
                 if job not in self.detectors.pipelines or job not in self.partition_of:

@@ -204,6 +204,38 @@ def test_the_worker_core_encodes_its_saves_before_collections_resume():
         assert codec.load(dict(entries).get, job)["positions"] == {}  # what the codec reads back
 
 
+def test_a_job_forgotten_and_back_before_a_save_is_saved_in_its_other_slot():
+    """A job evicted (an hour silent) whose records come again before the next save is
+    saved, not removed; with ``encode_state`` its parts go to the slot its live head does
+    not use, so a stop part-way leaves the last whole save readable."""
+    from ncclwatch.detectors.saved import StateCodec, part_key
+    from ncclwatch.detectors.stream import JobDetectors, StreamCore
+
+    from ncclwatch.config import DetectorConfig
+
+    codec = StateCodec(part_bytes=64)  # any state goes in parts
+    detectors = JobDetectors(DetectorConfig(), partitions=1)
+    core = StreamCore(detectors, lambda job: None, encode_state=codec.entries)
+    core.positions["a"] = core._ensure("a")
+    detectors.pipeline("a")
+    core.partition_of["a"] = 0
+    table: dict = {}
+    for slot in (0, 1):  # the first save's parts go to slot 0, the next one's to slot 1
+        core._unsaved = {"a"}
+        if slot:
+            core._unsaved_gone = {"a": 0}  # forgotten, then its records came again
+        _, entries = core.handle([]).states["a"]
+        values = dict(entries)
+        assert values.get(part_key("a", slot, 0)) is not None
+        assert values.get(part_key("a", 1 - slot, 0)) is None  # the live head's parts untouched or removed
+        for k, v in entries:
+            if v is None:
+                table.pop(k, None)
+            else:
+                table[k] = v
+    assert codec.load(table.get, "a")["positions"] == {}
+
+
 def test_a_saved_job_with_open_incidents_is_adopted_from_one_read_of_its_state():
     """After a rebalance the job stage reads each saved job to see whether it left
     incidents open; one it adopts is loaded from that read, not decoded again."""
