@@ -734,9 +734,11 @@ class Worker:
             return
         async with self._lock:
             self._stream = stream
+            if not self._ready():  # a rebalance began while waiting for the lock
+                self.stats.stale += len(events)
+                return
             generation = self.app.consumer_generation_id
-            ready = self._ready()  # a rebalance may have begun while waiting for the lock
-            fresh = [e for e in events if ready and e.message.generation_id in (None, generation)]
+            fresh = [e for e in events if e.message.generation_id in (None, generation)]
             self.stats.stale += len(events) - len(fresh)
             events = await self._in_order(fresh)
             self._batch_began = self._rebalances
