@@ -56,8 +56,8 @@ from typing import Any
 from ncclwatch.ingest import external_sort
 from ncclwatch.ingest.external_sort import ExternalSort
 from ncclwatch.ingest.inspector import InspectorError, NotAnOp, op_from_inspector, quarantine
+from ncclwatch.ingest.parse import OpTime, op_time, to_record
 from ncclwatch.ingest.parse import parse as fast_parse
-from ncclwatch.ingest.parse import to_record
 from ncclwatch.ingest.trainlog import (
     DEFAULT_REGEX,
     MegatronFlops,
@@ -494,10 +494,13 @@ def _records_of(
     stats: ReadStats,
     options: Options | None,
     on_spool_file: Callable[[Path | None], None] | None = None,
+    first_look: bool = False,
 ) -> Iterator[tuple[str, int, bytes, Any]]:
     """:func:`iter_records` of opened recordings. ``on_spool_file`` is told of each spool
     file before its records, and (with None) when the records that are no spool lines
-    begin."""
+    begin. With ``first_look`` a spool line that holds an op's version, job and time is
+    given as :func:`~ncclwatch.ingest.parse.op_time`'s result, not validated (its
+    reader parses it whole when it needs it); every other line is parsed as without."""
     options = options or Options()
     spool_jobs: set[str] = set()
     has_throughput = False
@@ -514,7 +517,7 @@ def _records_of(
             for lines, offset in _line_batches(f, stats):
                 stats.lines += len(lines)
                 for raw in lines:
-                    rec = fast_parse(raw, source, offset)
+                    rec = (first_look and op_time(raw)) or fast_parse(raw, source, offset)
                     if type(rec) is Quarantined:
                         stats.quarantine(rec)
                     else:
@@ -623,7 +626,12 @@ class SortedRecording:
     directory and are merged from there (:class:`ExternalSort`), so memory stays flat
     whatever the length. ``stream=False`` sorts everything (what was done before; the
     tests hold both to the same order). ``keep`` leaves records out before they are
-    counted or held. Records are contract dataclasses; with ``fast`` they may be the
+    counted or held. Without ``keep`` the first pass only looks at a spool op line's
+    version, job and time (:func:`~ncclwatch.ingest.parse.op_time`, ~40 % of a parse)
+    unless it goes to the sort; a line that looked right but that the second pass
+    refuses (a bad field besides those) is taken off ``total``, ``kinds`` and
+    ``stats.records`` then, counted in ``refused_late`` and quarantined in ``stats``.
+    Records are contract dataclasses; with ``fast`` they may be the
     fast parser's structs (for what only routes or copies them: no dataclass to build,
     half the parse).
 
@@ -654,10 +662,15 @@ class SortedRecording:
         self.keep = keep
         self.fast = fast
         self.stream = stream
+        # Streamed spool lines are only looked at in the first pass (op_time) and parsed
+        # whole in the second; ``keep`` must see whole records, so it reads them whole.
+        self._first_look = stream and keep is None
         self.total = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
         self.kinds: Counter[str] = Counter()  # records by kind
+        # lines counted above that iterating found bad (then taken off the counts)
+        self.refused_late = 0
         self._sources: list[str] = []
         self._files: list[_SpoolFile] = []  # the spool files read again while iterating
         self._stack = ExitStack()  # archives stay unpacked until the recording is closed
@@ -711,7 +724,8 @@ class SortedRecording:
         seq = 0  # the order read: what orders records of equal time
         last_source, src, f = None, 0, None
         found = _open_sources(self.paths, self.stats, self._stack)
-        for source, offset, raw, rec in _records_of(found, self.stats, self.options, on_spool_file):
+        stats = self.stats
+        for source, offset, raw, rec in _records_of(found, stats, self.options, on_spool_file, self._first_look):
             if keep is not None and not keep(rec):
                 continue
             kind_name = rec.KIND
@@ -719,12 +733,6 @@ class SortedRecording:
                 t, kind = rec.start_ns + rec.exec_ns, 0
             else:
                 t, kind = order_key(rec)
-            if first is None:
-                first = last = t
-            elif t < first:
-                first = t
-            elif t > last:
-                last = t
             if source is not last_source:  # a new file (or a record of no file)
                 last_source, f = source, current[0]
                 src = index.get(source)  # type: ignore[assignment]
@@ -738,7 +746,18 @@ class SortedRecording:
                 f.last_key = key
                 f.end = offset + len(raw) + 1
             else:
+                if type(rec) is OpTime:  # only looked at so far: the sort holds records
+                    rec = fast_parse(raw, source, offset)
+                    if type(rec) is Quarantined:
+                        stats.quarantine(rec)
+                        continue
                 add((t + _T_SHIFT, kind), (seq, src, offset, raw, rec))
+            if first is None:
+                first = last = t
+            elif t < first:
+                first = t
+            elif t > last:
+                last = t
             seq += 1
             kinds[kind_name] = kinds.get(kind_name, 0) + 1
         self.first_ns, self.last_ns = first, last
@@ -822,7 +841,7 @@ class SortedRecording:
         by now), and the same records are left out the same way: bad lines (counted
         then), those ``keep`` refuses, and those out of order (in the sort).
         """
-        parse, keep, src = fast_parse, self.keep, f.src
+        parse, keep, src, looked = fast_parse, self.keep, f.src, self._first_look
         seq, last = f.first_seq, f.first_key - 1
         kind_order = KIND_ORDER
         # counted in the first pass; read in smaller pieces when many files are merged
@@ -833,7 +852,15 @@ class SortedRecording:
                 rec = parse(raw)
                 at = offset
                 offset += len(raw) + 1
-                if type(rec) is Quarantined or (keep is not None and not keep(rec)):
+                if type(rec) is Quarantined:
+                    if looked and (op := op_time(raw)) is not None:
+                        key = (((op.start_ns + op.exec_ns) << 2) << _SEQ_BITS) | seq
+                        if key > last:  # counted as a record by the first look: it was not
+                            seq += 1
+                            last = key
+                            self._refused(rec)
+                    continue
+                if keep is not None and not keep(rec):
                     continue
                 kind = rec.KIND
                 if kind == "op":  # order_key, inlined for the common case
@@ -846,6 +873,15 @@ class SortedRecording:
                     batch.append((key, src, at, raw, rec))
             if batch:
                 yield batch
+
+
+    def _refused(self, q: Quarantined) -> None:
+        """A line the first pass counted from a first look and the second refused."""
+        self.stats.quarantine(q)
+        self.total -= 1
+        self.stats.records -= 1
+        self.kinds["op"] -= 1
+        self.refused_late += 1
 
 
 @dataclass

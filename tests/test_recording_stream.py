@@ -96,6 +96,31 @@ def test_bad_lines_keep_and_a_partial_last_line_are_left_out_alike(tmp_path):
     assert streamed.stats.quarantined and streamed.stats.partial_lines == 1
 
 
+def _looks_right(line: bytes) -> bytes:
+    """An op line whose version, job and time are fine and whose communicator is not:
+    the first pass's look takes it for a record, the parse refuses it."""
+    out = line.replace(b'"comm":"0x', b'"comm":"0X', 1)
+    assert out != line
+    return out
+
+
+def test_lines_that_look_right_but_are_refused_are_left_out_and_uncounted(tmp_path):
+    lines = [_op(0, i, T0_NS + i * 1000) for i in range(60)]
+    lines[5] = _looks_right(lines[5])  # in order
+    lines.insert(40, _looks_right(_op(0, 97, T0_NS + 3_500)))  # late: went to the sort's check
+    lines.insert(41, _op(0, 98, T0_NS + 3_500))  # late and good, at the same time
+    lines[50] = _looks_right(_op(0, 99, T0_NS + 49_000))  # in order, equal to the next one's time
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "b.jsonl").write_bytes(b"".join(_op(1, i, T0_NS + i * 1000) + b"\n" for i in range(60)))
+    a, b, streamed, sorted_ = _both([tmp_path])
+    _assert_same(a, b)
+    assert streamed.refused_late == 2  # the two in order; the late one was parsed whole then
+    assert streamed.total == sorted_.total == len(a) == 119
+    assert streamed.stats.records == sorted_.stats.records == 119
+    assert streamed.kinds == sorted_.kinds
+    assert streamed.stats.quarantined == sorted_.stats.quarantined == {"schema": 3}
+
+
 def test_a_file_that_grew_after_the_first_pass_replays_what_was_counted(tmp_path):
     f = tmp_path / "a.jsonl"
     f.write_bytes(b"".join(_op(0, i, T0_NS + i * 1000) + b"\n" for i in range(40)))
@@ -119,12 +144,17 @@ def test_streaming_gives_the_sorted_order_on_random_spools(tmp_path_factory, see
         lines = [_op(s, i, e) for i, e in enumerate(ends)]
         if lines and rnd.random() < 0.3:
             lines[rnd.randrange(len(lines))] = b"{broken"
+        for _ in range(rnd.choice([0, 0, 1, 3])):
+            if lines:
+                i = rnd.randrange(len(lines))
+                lines[i] = _looks_right(lines[i]) if b'"comm":"0x' in lines[i] else lines[i]
         (d / f"s{s}.{rnd.randint(0, 1):06d}.jsonl").write_bytes(b"".join(x + b"\n" for x in lines))
     if not any(d.iterdir()):
         return
-    a, b, streamed, _ = _both([d], run_records=run_records)
+    a, b, streamed, sorted_ = _both([d], run_records=run_records)
     _assert_same(a, b)
     assert streamed.total == len(a)
+    assert streamed.stats.quarantined == sorted_.stats.quarantined
 
 
 def test_lines_split_across_small_reads_stream_the_same(tmp_path, monkeypatch):
