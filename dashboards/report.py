@@ -224,6 +224,9 @@ def _load(args: argparse.Namespace, cfg: Config, run: Run, recording: SortedReco
     for w in windower.flush():
         add_window(w)
     run.late_ops = windower.late_total
+    if recording.refused_late:  # bad lines the first pass only looked at: found while reading
+        run.quarantined = sum(recording.stats.quarantined.values())
+        run.notes = recording.stats.notes()
     if args.events:
         run.events = [e for e in read_events(Path(args.events)) if not args.job or e.job == args.job]
         run.events_source = args.events

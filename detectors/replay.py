@@ -434,6 +434,8 @@ def _run(args: argparse.Namespace, cfg: Config, out: TextIO, since_ns: int | Non
                 n = _to_file(source, args.out, pacer, bar)
             else:
                 n = _to_kafka(cfg, source, kinds, pacer, bar, args.to_topic, args.topic_prefix)
+        if not args.topic and (note := recording.late_note()):
+            print(note, file=sys.stderr)
     return n
 
 

@@ -484,6 +484,8 @@ def _replay(watch: Watch, source: Path, recording: SortedRecording, args: argpar
                 sink.tick()
         bar.update(unbarred)
     watch.flush()
+    if note := recording.late_note():
+        print(f"  {note}", file=watch.out)
 
 
 def _live_sources(source: Path, args: argparse.Namespace, cfg: Config, options: Options) -> LiveSources:

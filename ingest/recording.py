@@ -875,6 +875,14 @@ class SortedRecording:
                 yield batch
 
 
+    def late_note(self) -> str | None:
+        """What reading the records found that ``stats.notes()`` before it could not say."""
+        if not self.refused_late:
+            return None
+        q = self.stats.quarantined
+        return (f"{self.refused_late} more bad lines found while reading the records: "
+                f"left out {sum(q.values())} bad lines in all: {q}")
+
     def _refused(self, q: Quarantined) -> None:
         """A line the first pass counted from a first look and the second refused."""
         self.stats.quarantine(q)

@@ -227,3 +227,26 @@ def test_watch_tailing_resolves_a_job_that_stopped_firing_after_quiet_end_s(tmp_
     assert firing and {e["id"] for e in resolved} == firing, stdout
     assert {e["evidence"]["resolved_because"] for e in resolved} == {"job_silent"}
     assert "RESOLVED network_path" in stdout
+
+
+def test_a_bad_line_found_only_while_replaying_is_still_reported(tmp_path, capsys):
+    # The first pass only looks at a spool op line's version, job and time; a line bad
+    # elsewhere (here its communicator) is found while replaying and said after it.
+    from ncclwatch_testkit.synth import T0_NS, op_record
+
+    from ncclwatch.records import to_json
+
+    lines = [to_json(op_record(job="j", host="h", pid=1, gpu="GPU-0", comm=0xAB, rank=0, seq=i,
+                               start_ns=T0_NS + i * 1000, exec_ns=500)).encode() for i in range(20)]
+    lines[7] = lines[7].replace(b'"comm":"0x', b'"comm":"0X', 1)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "h-GPU-0-1.000000.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert cli.main(["watch", str(spool), "--speed", "0", "--metrics-port", "-1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "replaying 20 records" in out  # counted before the replay: it looked like one
+    assert "1 more bad lines found while reading the records: left out 1 bad lines in all: {'schema': 1}" in out
+    dest = tmp_path / "out.jsonl"
+    assert cli.main(["replay", "--files", str(spool), "--out", str(dest), "--no-progress"]) == 0
+    assert len(dest.read_bytes().splitlines()) == 19
+    assert "1 more bad lines found while reading the records" in capsys.readouterr().err
