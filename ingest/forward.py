@@ -41,11 +41,11 @@ from ncclwatch.ingest.inspector import (
     windows_from_prom,
 )
 from ncclwatch.ingest.metrics import ForwarderMetrics
+from ncclwatch.ingest.node_windows import NodeWindows
 from ncclwatch.ingest.parse import FastOpRecord, parse
 from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
 from ncclwatch.ingest.trainlog import MegatronFlops, RankMerge, ThroughputParser
-from ncclwatch.ingest.windows import Windower
 
 from ncclwatch import private
 from ncclwatch.config import Config, IngestConfig
@@ -144,18 +144,9 @@ class Forwarder:
             p: a for p, a in self.acked.items() if self.window_from.get(p, a) < a
         }
 
-        # Spool ops arrive in about completion order; Inspector dumps come per
-        # communicator, so its windows wait longer for stragglers.
-        self.windowers = {
-            "spool": Windower(opts.window_s),
-            "inspector": Windower(opts.window_s,
-                                  lateness_s=max(opts.window_s, opts.inspector_lateness_s)),
-        }
-        self.window_ns = int(round(opts.window_s * 1e9))
-        self.open_first: dict[str, dict[int, int]] = {}  # source -> window start -> 1st offset
-        # (windower name, (job, host, pid)) <-> sources holding that process's ops
-        self.src_stream: dict[str, tuple[str, tuple[str, str, int]]] = {}
-        self.stream_srcs: dict[tuple, set[str]] = collections.defaultdict(set)
+        self.initial_closed_before = state.get("closed_before", [])
+        self.windows = NodeWindows(opts.window_s, opts.inspector_lateness_s, self.initial_closed_before)
+        self.window_ns = self.windows.window_ns
         self.last_seen: dict[str, float] = {}
         # Reading a source's streams together (see _read_aligned): per stream id, its
         # time, whether it has lines left, the file it was last read from.
@@ -223,9 +214,6 @@ class Forwarder:
         self.quarantined_total = 0
         self.quarantine_fd: int | None = None
         self.late_reported = 0
-        self.initial_closed_before = state.get("closed_before", [])
-        for wname, job, host, pid, before in self.initial_closed_before:
-            self.windowers[wname].resume((job, host, pid), before)
         if opts.once:
             opts.prom_settle_s = 0.0  # the input is complete: nothing is being written
 
@@ -237,33 +225,14 @@ class Forwarder:
         for _, tailer in self.sources:
             positions.update(tailer.positions)
             inodes.update(tailer.inodes)
-        window_from = {}
-        for src, starts in self.open_first.items():
-            if starts:
-                window_from[src] = min(starts.values())
-        closed = [[wname, *s, t] for wname, w in self.windowers.items()
-                  for s, t in w.closed_before_all().items()]
-        return {"acked": positions, "window_from": window_from, "inodes": inodes,
-                "prom": dict(self.prom_sent), "closed_before": closed}
+        return {"acked": positions, "window_from": self.windows.window_from(), "inodes": inodes,
+                "prom": dict(self.prom_sent), "closed_before": self.windows.closed_before()}
 
     def _window_op(self, wname: str, rec: Any, src: str, off: int, starts: dict[int, int],
                    out: list) -> None:
-        end = rec.start_ns + rec.exec_ns
-        ws = end - end % self.window_ns
-        if ws not in starts:
-            self._new_window_start(wname, rec, src, off, starts, ws)
-        closed = self.windowers[wname].add(rec)
+        closed = self.windows.add(wname, rec, src, off, starts)
         if closed:
             self._emit_windows(closed, out)
-            self._prune((wname, (rec.job, rec.host, rec.pid)))
-
-    def _new_window_start(self, wname: str, rec: Any, src: str, off: int,
-                          starts: dict[int, int], ws: int) -> None:
-        starts[ws] = off
-        if src not in self.src_stream:
-            key = (wname, (rec.job, rec.host, rec.pid))
-            self.src_stream[src] = key
-            self.stream_srcs[key].add(src)
 
     def _emit_windows(self, closed: list, out: list) -> None:
         """Windows onto ``out``, packed: one that closes right after a window of the same
@@ -279,16 +248,6 @@ class Forwarder:
                     out[-1] = (wt, key, last + b"\n" + value)
                     continue
             out.append((wt, key, value))
-
-    def _prune(self, key: tuple) -> None:
-        before = self.windowers[key[0]].closed_before_ns(key[1])
-        if before is None:
-            return
-        for src in self.stream_srcs.get(key, ()):
-            starts = self.open_first.get(src)
-            if starts:
-                for ws in [ws for ws in starts if ws < before]:
-                    del starts[ws]
 
     def _quarantine(self, q: Quarantined, out: list) -> None:
         self.metrics.quarantined.labels(q.stage, q.reason).inc()
@@ -382,8 +341,9 @@ class Forwarder:
         """Process polled chunks up to each stream's horizon; (lines used, streams given
         back). Lines past a stream's horizon are given back to the tailer."""
         # The hot path of the forwarder: keep per-line work to parse, window, group.
-        windower = self.windowers["spool"]
-        wadd = windower.add
+        windows = self.windows
+        wadd = windows.windowers["spool"].add
+        opened, prune = windows.opened, windows.prune
         window_ns = self.window_ns
         fast_op = FastOpRecord
         sid_of = self.spool.stream_id
@@ -408,7 +368,7 @@ class Forwarder:
             gave = -1
             st.path[sid] = src
             floor = self.floor.get(src, -1)
-            starts = self.open_first.setdefault(src, {})
+            starts = windows.starts(src)
             raws = chunk.raws
             self.last_seen[src] = now
             want = self._dir_job(src) if self.check_job else None
@@ -435,11 +395,11 @@ class Forwarder:
                         hi = end
                     ws = end - end % window_ns
                     if ws not in starts:
-                        self._new_window_start("spool", rec, src, off, starts, ws)
+                        opened("spool", rec, src, off, starts, ws)
                     closed = wadd(rec)
                     if closed:
                         self._emit_windows(closed, out)
-                        self._prune(("spool", (rec.job, rec.host, rec.pid)))
+                        prune(("spool", (rec.job, rec.host, rec.pid)))
                     if nxt > floor:
                         key = op_group(rec.job, rec.comm)
                         group = ops.get(key)
@@ -508,7 +468,7 @@ class Forwarder:
         """Everything but a fast-path op (slow-path records, quarantine, other kinds)."""
         kind = rec.KIND
         if kind == "op":
-            self._window_op("spool", rec, src, off, self.open_first.setdefault(src, {}), out)
+            self._window_op("spool", rec, src, off, self.windows.starts(src), out)
             ops.setdefault(op_group(rec.job, rec.comm), []).append(raw)
             return
         if kind == "quarantined":
@@ -550,7 +510,7 @@ class Forwarder:
             hi = -1
             st.path[src] = src
             floor = self.floor.get(src, -1)
-            starts = self.open_first.setdefault(src, {})
+            starts = self.windows.starts(src)
             job = self._inspector_job(src)
             self.last_seen[src] = now
             for line in chunk.lines():
@@ -768,7 +728,7 @@ class Forwarder:
                     log.warning("event=delete_failed path=%s error=%s", path, e)
                     continue
                 self.spool.forget(path)
-                self.open_first.pop(path, None)
+                self.windows.forget_source(path)
                 for name in ("acked", "window_from", "inodes"):
                     c[name].pop(path, None)
                 log.info("event=segment_deleted path=%s bytes=%d", path, size)
@@ -779,22 +739,9 @@ class Forwarder:
             return []
         self.last_idle_check = now
         out: list = []
-        flushed: list = []
-        for key in list(self.stream_srcs):
-            srcs = self.stream_srcs[key]
-            if force or all(now - self.last_seen.get(s, 0) >= self.opts.idle_flush_s
-                            for s in srcs):
-                flushed += self.windowers[key[0]].flush(key[1])
-                for s in srcs:
-                    self.open_first.pop(s, None)
-                    self.src_stream.pop(s, None)
-                # The windower keeps the stream's closing horizon, so a process that
-                # resumes cannot reopen (and re-emit) a flushed window.
-                del self.stream_srcs[key]
+        last_seen, idle_s = self.last_seen, self.opts.idle_flush_s
+        flushed = self.windows.idle(lambda src: force or now - last_seen.get(src, 0) >= idle_s)
         if flushed:
-            # In time order across processes, as they would have closed: a partition is
-            # a FIFO, and the worker can only merge other inputs around what it holds.
-            flushed.sort(key=lambda w: (w.end_ns, w.job, w.host, w.comm, w.op, w.rank))
             self._emit_windows(flushed, out)
         if force:  # the input is complete: iterations some rank never logged go too
             self._emit_throughput(self.tp_merge.flush(), out)
@@ -804,7 +751,7 @@ class Forwarder:
         self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
         self.metrics.buffer_bytes.set(self.delivery.buffer.pending_bytes)
         self.metrics.untrusted_files.set(len(self.spool.untrusted))
-        late = sum(w.late_total for w in self.windowers.values())
+        late = self.windows.late_total
         if late > self.late_reported:
             self.metrics.windows_late.inc(late - self.late_reported)
             self.late_reported = late

@@ -183,7 +183,7 @@ def test_forward_once_on_a_multi_process_backlog_publishes_windows_in_start_orde
     assert len({p for p, _ in wins}) == 1  # keyed by job: one partition, offset order
     starts = [w.start_ns for _, w in wins]
     assert sum(w.count for _, w in wins) == total  # every op in a window, none late
-    assert fwd.windowers["spool"].late_total == 0
+    assert fwd.windows.windowers["spool"].late_total == 0
     assert len({w.rank for _, w in wins}) == 3
     assert max(starts) - min(starts) >= 69 * 10**9
     # Non-decreasing start order across processes, allowing the documented lateness
