@@ -121,6 +121,24 @@ def test_lines_that_look_right_but_are_refused_are_left_out_and_uncounted(tmp_pa
     assert streamed.stats.quarantined == sorted_.stats.quarantined == {"schema": 3}
 
 
+def test_bad_lines_and_a_partial_last_line_without_keep_are_left_out_alike(tmp_path):
+    # without keep the first pass only looks at op lines: gzipped, cut and bad ones too
+    lines = [_op(0, i, T0_NS + i * 1000) for i in range(50)]
+    lines[10] = b'{"v":1,"kind":"op"}'
+    lines[20] = b""
+    lines[30] = b"not json"
+    lines[40] = _looks_right(lines[40])
+    lines[45] = lines[45].replace(b'"v":1', b'"v":9')  # a version this build does not read
+    body = b"\n".join(lines) + b"\n" + _op(0, 99, T0_NS)[:40]  # still being written
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(body))
+    (tmp_path / "b.jsonl").write_bytes(b"".join(_op(1, i, T0_NS + i * 999) + b"\n" for i in range(50)))
+    a, b, streamed, sorted_ = _both([tmp_path])
+    _assert_same(a, b)
+    assert streamed.sorted_records == 0 and streamed.total == len(a) == 95
+    assert streamed.stats.quarantined == sorted_.stats.quarantined
+    assert sum(streamed.stats.quarantined.values()) == 5 and streamed.stats.partial_lines == 1
+
+
 def test_a_file_that_grew_after_the_first_pass_replays_what_was_counted(tmp_path):
     f = tmp_path / "a.jsonl"
     f.write_bytes(b"".join(_op(0, i, T0_NS + i * 1000) + b"\n" for i in range(40)))
