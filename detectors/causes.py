@@ -81,8 +81,10 @@ def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:
     network leaves NVLink-only keys alone. A GPU slowed part of the time leaves its
     NVLink keys' fastest transfers as fast as before (they read as waiting, not
     degraded), but not the communicators without it: a network that slows slows
-    theirs too. Where every network key has the process, nothing tells the two
-    apart and the incident stands.
+    theirs too. Where every network key has the process, the keys cannot tell the two
+    apart, and the straggler raised first (confirmed, before the link incident began)
+    is taken for the cause: one fault, one incident (a two-GPU job whose only network
+    communicator has the slow GPU, 2026-11-28).
 
     A straggler that its own communicator's link trouble holds back
     (:func:`link_trouble`, ``late`` as there) explains nothing: it is the link's
@@ -108,6 +110,11 @@ def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:
         without = [v for v in job.keys.values() if v.transport in NETWORK_TRANSPORTS and v.warm
                    and v.last_end_ns >= since and not has_process(v, host, proc)]
         if without and not any(degraded_now(v) for v in without):
+            return True
+        if not without and s.confirmed and s.start_ns < inc.start_ns:
+            # Every network key has the process: the keys cannot tell its GPU from the
+            # network, but the straggler was raised first, on its own evidence, and a
+            # slower GPU slows the transfers it takes part in: one cause, not two.
             return True
     return False
 
