@@ -6,31 +6,23 @@ has the README."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
 
 from ncclwatch.config import load
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "gpu_runs" / "2026-11-27-x4"
-sys.path.insert(0, str(ROOT / "bench" / "detectors"))
-import eval_gpu_runs  # noqa: E402
-
-SPLIT = json.loads((FIXTURES / "split.json").read_text())
+FIXTURES = fixtures("2026-11-27-x4")
+SPLIT = split_of(FIXTURES)
 
 
 @pytest.fixture(scope="module")
 def rows():
-    cfg = load(None, environ={})
-    return {r["run"]: r for r in eval_gpu_runs.evaluate(sorted(FIXTURES.glob("*.tar.gz")), cfg, 5.0)}
+    return judge(FIXTURES)
 
 
 def test_the_split_is_the_directory():
-    halves = [set(v) for v in SPLIT.values()]
-    assert {p.name.removesuffix(".tar.gz") for p in FIXTURES.glob("*.tar.gz")} == set().union(*halves)
-    assert sum(map(len, halves)) == len(set().union(*halves))  # no run in two halves
+    check_split_is_the_directory(FIXTURES)
 
 
 def test_the_first_batch_after_the_changes_it_led_to(rows):
