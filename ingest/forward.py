@@ -393,7 +393,7 @@ class Forwarder:
                         break
                     if end > hi:
                         hi = end
-                    ws = end - end % window_ns
+                    ws = end - end % window_ns  # NodeWindows.add, inlined: once per op
                     if ws not in starts:
                         opened("spool", rec, src, off, starts, ws)
                     closed = wadd(rec)

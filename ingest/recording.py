@@ -874,7 +874,6 @@ class SortedRecording:
             if batch:
                 yield batch
 
-
     def late_note(self) -> str | None:
         """What reading the records found that ``stats.notes()`` before it could not say."""
         if not self.refused_late:
