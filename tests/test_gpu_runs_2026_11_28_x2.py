@@ -1,7 +1,7 @@
 """Real 2×H200 runs of 2026-11-28, held out: the two-GPU layout (an NVLink and a network
 communicator, two processes per GPU) with fault kinds only the 4-GPU batches had had;
-tests/fixtures/gpu_runs/2026-11-28-x2 has the README (two batches, each judged once:
-5 of 7, then 6 of 7)."""
+tests/fixtures/gpu_runs/2026-11-28-x2 has the README (three batches, each judged once:
+5, 6 and 7 of 7)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,16 @@ def test_the_second_batch_held_out_for_that_change(rows):
     for name in ("i2-cpu-k1-af", "p2-tc-20g-af"):
         assert rows[name]["got"] == "network_path" and rows[name]["false_alerts"] == [], table
     assert rows["i2-clean-af"]["got"] == "-" and rows["i2-clean-af"]["false_alerts"] == [], table
+
+
+def test_the_third_batch(rows):
+    """7 of 7 as judged once: every rank slower is the job's own drop, both faults under
+    the gate raise nothing, the straggler is named by its rank in its communicator."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_3"]), table
+    assert rows["i2-slow-all-1.3x-ag"]["got"] == "throughput_drop", table
+    assert rows["i2-strag-r2-1.5x-ag"]["got"] == "straggler rank 0", table  # global rank 2
+    for name in ("p2-cpu-k1-d0.5-ag", "p2-tc-12g-6s-ag"):
+        assert rows[name]["got"] == "network_path", table
+    for name in ("p2-clean-ag", "i2-sock-n16-ag", "p2-strag-r1-1.15x-ag"):
+        assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table

@@ -551,7 +551,18 @@ def gpu_runs_2026_11_28_x2_section() -> str:
         GPU_RUNS_11_28_X2_SECOND,
         eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]),
         "",
+        "### Third batch, held out\n",
+        GPU_RUNS_11_28_X2_THIRD,
+        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]),
+        "",
     ])
+
+
+GPU_RUNS_11_28_X2_THIRD = """The third batch (plan `2026-11-28-ag.json`): every rank 1.3x slower and a 1.5x straggler
+on a network process through Inspector, a 1.15x straggler and 16 competing sockets (both
+under the gate), proxy starvation half the time, a 6-s throttle, clean. Judged once by
+`bb52125`: **7 of 7**.
+"""
 
 
 GPU_RUNS_11_28_X2_SECOND = """The second batch (plan `2026-11-28-af.json`), recorded after that change and held out
