@@ -1149,7 +1149,7 @@ class StreamCore:
                 }
                 if encode is not None:
                     state = encode(job, state)  # the dicts go here, collection still paused
-                out.states[job] = (self.partition_of[job], state)  # after a tombstone: back again
+                out.states[job] = (self.partition_of[job], state)
         out.done = self._unacked
         self._unacked = []
         out.events = self._unsent + out.events
