@@ -59,7 +59,7 @@ class Incident:
         self.throughput_delta: float | None = None
         self.drift = False
         # A comm incident is open (its keys join it, baselines hold) before it is raised:
-        # it is emitted only once confirmed (:meth:`Pipeline._confirm`); an unconfirmed
+        # it is emitted only once confirmed (:meth:`~.incident_book.IncidentBook.confirm`); an unconfirmed
         # one ends silently.
         self.confirmed = True
         self.key: dict[str, Any] = {

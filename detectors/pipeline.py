@@ -22,14 +22,16 @@ in two stages that share no state (docs/architecture.md, "Two stages in the libr
    the :class:`~.sustained.SustainedRule` decides, and the baseline learns only from
    windows that are neither degraded nor part of an anomaly: a :class:`~.keys.KeyVerdict`;
 3. job stage (here): the verdict updates the job's :class:`~.keys.KeyView` of the key; a
-   key that fires is attributed (:mod:`.attribution`) and joins or opens an incident
-   (:mod:`.incidents`); the incident's event carries the job's throughput change.
+   key that fires is attributed (:mod:`.attribution`) and joins or opens an incident,
+   which :class:`~.incident_book.IncidentBook` raises once it is worth a page and ends;
+   the incident's event carries the job's throughput change.
 
 Fed windows, a :class:`Pipeline` runs both stages; fed ``KeyVerdict`` s from a
 :class:`~.keys.KeyStage` elsewhere, it runs the job stage alone.
 
-Throughput records drive ``throughput_drop`` and the severity of comm anomalies; drop
-records, plugin stats and silent ranks drive ``telemetry_loss``.
+Throughput records drive ``throughput_drop`` (:class:`~.throughput_drop.ThroughputDrops`)
+and the severity of comm anomalies; drop records, plugin stats and silent ranks drive
+``telemetry_loss``.
 """
 
 from __future__ import annotations
@@ -48,36 +50,20 @@ from ncclwatch.records import (
     ThroughputRecord,
     WindowSummary,
 )
-from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import (
-    Verdict,
-    attribute,
-    degraded_now,
-    rule_degraded,
-)
-from .baseline import learn_or_hold
-from .causes import (
-    LINK_TYPES,
-    echoed_links,
-    hosts_of,
-    link_trouble,
-    name_late_process,
-    process_evidence,
-    slow_gpu_echo,
-    slowed_alike,
-)
-from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident, incident_id
+from .attribution import Verdict, attribute
+from .causes import link_trouble, process_evidence
+from .incident_book import COMM_TYPES, DEFAULT_WINDOW_NS, IncidentBook
+from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident
 from .job import JobState
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
 from .model import BusbwModel
 from .sustained import FIRE, RESOLVE
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
+from .throughput_drop import ThroughputDrops
 
 STATE_VERSION = 1
-DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
-COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
 
 
 class Pipeline:
@@ -131,7 +117,10 @@ class Pipeline:
         self.cfg = cfg
         self.model = BusbwModel.resolve(model, cfg.model_path)
         self.clock = clock or time.time
-        self.observer: Any = None
+        # Incidents (opened, raised, resolved) and throughput drops have their own
+        # homes; the job state they work on is this pipeline's.
+        self.book = IncidentBook(cfg)
+        self.drops = ThroughputDrops(self.book)
         self._p = KeyParams(cfg)
         self._timeout_ns = int(cfg.telemetry_timeout_s * 1e9)
         self._jobs: dict[str, JobState] = {}
@@ -149,6 +138,14 @@ class Pipeline:
             OpRecord.KIND: self._ignore,
             KeyVerdict.KIND: self._verdict,
         }
+
+    @property
+    def observer(self) -> Any:
+        return self.book.observer
+
+    @observer.setter
+    def observer(self, value: Any) -> None:
+        self.book.observer = value
 
     # --- the driver API -----------------------------------------------------------
 
@@ -314,7 +311,7 @@ class Pipeline:
         if v.transition == FIRE:
             self._key_fired(job, ks, v.fired, out)
         elif v.transition == RESOLVE:
-            self._key_resolved(job, ks, ks.rule.end_ns, out)
+            self.book.key_resolved(job, ks, ks.rule.end_ns, out)
         if v.spread_transition == FIRE:
             self._spread_fired(job, ks, v.spread_effect, v.spread_fired, out)
         elif v.spread_transition == RESOLVE:
@@ -342,11 +339,11 @@ class Pipeline:
                       **process_evidence(ks, rank)},
         )
         member = (*ks.tuple, "spread")
-        inc = self._find_live(job, "straggler", v.scope) or self._reopen(job, "straggler", v.scope, out)
+        inc = self.book.find_live(job, "straggler", v.scope) or self.book.reopen(job, "straggler", v.scope, out)
         start = ks.spread_rule.start_ns if ks.spread_rule.start_ns is not None else job.watermark
         b = ks.baseline
         if inc is None:
-            inc = self._open(job, v, start, ks)
+            inc = self.book.open(job, v, start, ks)
             inc.trigger = member
             inc.add_window(max(ks.last_effect, 0.0), ks.last_observed, b, True)
             inc.members.append(member)
@@ -355,7 +352,7 @@ class Pipeline:
             inc.peak = max(inc.peak, spread_effect)
             inc.confirmed = False
             ks.spread_incident = inc.id
-            self._confirm(job, inc, out)
+            self.book.confirm(job, inc, out)
             return
         elif member not in inc.members:
             inc.members.append(member)
@@ -375,7 +372,7 @@ class Pipeline:
         end = ks.spread_rule.end_ns if ks.spread_rule.end_ns is not None else job.watermark
         inc.end_ns = max(inc.end_ns or end, end)
         if not inc.members:
-            self._resolve(job, inc, out)
+            self.book.resolve(job, inc, out)
 
     # --- incidents from keys ------------------------------------------------------
 
@@ -390,313 +387,17 @@ class Pipeline:
         )
         # a mixed key joins the node's intra_node incident
         scope = None if v.type == "intra_node" and ks.transport != "nvlink" else v.scope
-        inc = self._find_live(job, v.type, scope) or self._reopen(job, v.type, scope, out)
+        inc = self.book.find_live(job, v.type, scope) or self.book.reopen(job, v.type, scope, out)
         start = ks.rule.start_ns if ks.rule.start_ns is not None else job.watermark
         created = inc is None
         if inc is None:
-            inc = self._open(job, v, start, ks)
+            inc = self.book.open(job, v, start, ks)
             inc.confirmed = False
         if fired.flapping:
             inc.evidence["flapping"] = True  # on and off, not one streak: on call should know
-        self._join(inc, ks)
+        self.book.join(inc, ks)
         if created:
-            self._confirm(job, inc, out)
-
-    def _early_span_ns(self, job: JobState) -> int:
-        """How long after its start an incident must show its cost to be raised."""
-        return self.cfg.sustain_windows * (job.window_ns or DEFAULT_WINDOW_NS)
-
-    def _find_live(self, job: JobState, type_: str, scope: str | None) -> Incident | None:
-        """An open incident a newly fired key can join: raised, or still young.
-
-        One that stayed quiet past its early span was harmless; a key firing now has a
-        cause of its own and opens its own incident.
-        """
-        late = job.watermark - self._early_span_ns(job) - job.lateness_ns
-        for inc in job.incidents.values():
-            if (inc.type == type_ and (scope is None or inc.scope == scope)
-                    and (inc.confirmed or inc.start_ns >= late)):
-                return inc
-        return None
-
-    def _reopen(self, job: JobState, type_: str, scope: str | None, out: list) -> Incident | None:
-        """The incident of this type and scope that resolved within ``reopen_s``, firing
-        again under its own id (an intermittent fault, not a new one), or None."""
-        since = job.watermark - int(self.cfg.reopen_s * 1e9)
-        for k, inc in list(job.resolved.items()):
-            if inc.end_ns is None or inc.end_ns < since:
-                del job.resolved[k]
-        found = next((k for k in job.resolved if k[0] == type_ and (scope is None or k[1] == scope)),
-                     None)
-        if found is None:
-            return None
-        inc = job.resolved.pop(found)
-        inc.end_ns = None
-        inc.members = []
-        inc.evidence.pop("resolved_because", None)
-        inc.evidence["reopened"] = inc.evidence.get("reopened", 0) + 1
-        inc.detected_ns = job.watermark
-        job.incidents[inc.id] = inc
-        self._emit(inc.event("firing", job.watermark), out)
-        return inc
-
-    def _reports_throughput(self, job: JobState) -> bool:
-        ts = job.throughput.ts_ns
-        return ts > 0 and job.watermark - ts <= self._timeout_ns
-
-    def _confirm(self, job: JobState, inc: Incident, out: list) -> None:
-        """Raise a comm incident once it is worth a page, else keep it quiet.
-
-        A job that reports its throughput: once the job lost at least
-        ``throughput_drop`` of it since the incident began (then it is critical). A
-        job that does not, or has no throughput from before the incident (a cold
-        start): once the loss of bus bandwidth reached ``threshold_without_throughput``
-        (a warning: its cost is unknown). Until then
-        the incident's keys stay out of their baselines, so a slow start is not learned.
-        """
-        cfg = self.cfg
-        loss = self._job_loss(job, inc)
-        measured = loss is not None
-        if loss is not None:
-            now, early = loss
-            if now > -cfg.throughput_drop or early > -cfg.throughput_drop / 2:
-                return
-        elif inc.peak < cfg.threshold_without_throughput:
-            return  # no throughput, or none from before the incident (a cold start)
-        if inc.type in LINK_TYPES:
-            if not self._reattribute(job, inc):
-                return
-            if slow_gpu_echo(job, inc, cfg.straggler_score):
-                return  # the straggler's GPU slows its own transfers too: one cause
-            if loss is not None and slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise):
-                return  # the job's own slowdown (throughput_drop), not its links'
-        if inc.type == "straggler":
-            # Ranks also wait differently when the transfer itself slows: give the
-            # communicator's links the windows they need to say so before naming a rank.
-            window = job.window_ns or DEFAULT_WINDOW_NS
-            if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
-                return
-            name_late_process(job, inc)
-            if (link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score)
-                    or echoed_links(job, inc, int(cfg.reopen_s * 1e9))):
-                return  # one cause: the link
-        if inc.id not in job.incidents:
-            return  # merged into an open incident of the same cause
-        inc.confirmed = True
-        inc.detected_ns = job.watermark
-        self._set_throughput(job, inc)
-        if measured:
-            inc.severity = "critical"  # it costs the job at least throughput_drop
-        self._emit(inc.event("firing", job.watermark), out)
-
-    def _job_loss(self, job: JobState, inc: Incident) -> tuple[float, float] | None:
-        """``(now, early)``: the job's throughput change over its last ``sustain_windows``
-        windows and over the incident's first ones, each against the minute before the
-        incident; None when the job reports none from before it."""
-        if not self._reports_throughput(job):
-            return None
-        # Now: a ramp is raised when it costs the gate, not when its average since onset
-        # does. Early: a degradation that had been harmless for a while (a rank-order
-        # flip, a drift) does not take the blame for a loss something else started later.
-        tp = job.throughput
-        # Steps (or a trainer's log lines) sparser than the span: each side spans the
-        # time between two of them at least, and a step counts for the incident when
-        # most of the time it reports (since the one before) came after its start.
-        now_ns = job.watermark
-        gap = tp.step_gap_ns(now_ns)
-        span = max(self._early_span_ns(job), gap)
-        start = inc.start_ns + gap // 2
-        now = tp.delta(max(start, now_ns - span), now_ns, before_ns=inc.start_ns)
-        early = tp.delta(start, min(now_ns, start + span))
-        return None if now is None or early is None else (now, early)
-
-    def _excused(self, job: JobState, inc: Incident) -> bool:
-        """A quiet incident that is not NCCL's trouble: a link incident whose class slowed
-        alike with the job (:func:`~.causes.slowed_alike`), or a straggler that only echoes such
-        link incidents (:func:`~.causes.echoed_links`)."""
-        if inc.confirmed:
-            return False
-        if inc.type == "straggler":
-            links = echoed_links(job, inc)
-            return bool(links) and all(self._excused(job, o) for o in links)
-        if inc.type not in LINK_TYPES:
-            return False
-        loss = self._job_loss(job, inc)
-        return loss is not None and slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise)
-
-    def _reattribute(self, job: JobState, inc: Incident) -> bool:
-        """Name the transport class that degraded now, whichever key fired first.
-
-        Returns False while it names no class: only a minority of the NVLink keys
-        dipping while the network keys hold.
-        """
-        now = job.watermark
-        recent = job.recent_ns
-        # Keys that were degraded well before this incident began are another story.
-        since = inc.start_ns - self._early_span_ns(job)
-        nv_bad = nv_ok = net_bad = net_ok = 0
-        for k in job.keys.values():
-            if not k.warm or now - k.last_end_ns > recent:
-                continue
-            bad = k.incident == inc.id
-            if not bad and degraded_now(k):
-                started = k.rule.start_ns if k.rule.firing else None
-                if started is not None and started < since:
-                    continue
-                bad = True
-            if k.transport == "nvlink":
-                nv_bad += bad
-                nv_ok += not bad
-            elif k.transport in NETWORK_TRANSPORTS:
-                net_bad += bad
-                net_ok += not bad
-        # NVLink first (a node's trouble slows its mixed keys too), unless the network
-        # keys degraded more widely: starved proxies slow every network key and one of
-        # two NVLink keys, which is the network's trouble reaching into the node.
-        if nv_bad and nv_bad >= nv_ok and nv_bad * (net_bad + net_ok) >= net_bad * (nv_bad + nv_ok):
-            want = "intra_node"
-        elif net_bad:
-            want = "network_path"
-        else:
-            # A few NVLink keys dipping while most hold is not the node's NVLink: it is
-            # what a late rank does to the operation it is late for (the straggler is
-            # its own incident), or noise.
-            return False
-        inc.evidence.update({"nvlink_keys_degraded": nv_bad, "nvlink_keys_holding": nv_ok,
-                             "network_keys_degraded": net_bad})
-        if want == inc.type:
-            return True
-        other = next((i for i in job.incidents.values()
-                      if i is not inc and i.type == want), None)
-        if other is not None:  # the cause already has an incident: the keys join it
-            for gk in inc.members:
-                ks = job.keys.get(gk[:4])
-                if ks is not None and len(gk) == 4:
-                    ks.incident = other.id
-                other.members.append(gk)
-                other.n_members += 1
-            if want == "network_path":
-                other.evidence["hosts"] = hosts_of(job, other.members)
-            del job.incidents[inc.id]
-            return False
-        del job.incidents[inc.id]
-        inc.type = want
-        inc.attribution = "network" if want == "network_path" else "intra_node"
-        inc.scope = "" if want == "network_path" else (inc.host or "")
-        if want == "network_path":
-            inc.host = None  # a path between nodes: the nodes are in evidence["hosts"]
-            inc.evidence["hosts"] = hosts_of(job, inc.members)
-        inc.id = incident_id(job.job, inc.type, inc.scope, inc.start_ns)
-        job.incidents[inc.id] = inc
-        for gk in inc.members:
-            ks = job.keys.get(gk[:4])
-            if ks is not None and len(gk) == 4:
-                ks.incident = inc.id
-        return True
-
-    def _open(self, job: JobState, v: Verdict, start: int, ks: KeyView | None) -> Incident:
-        cfg = self.cfg
-        inc = Incident(
-            id=incident_id(job.job, v.type, v.scope, start),
-            type=v.type,
-            attribution=v.attribution,
-            scope=v.scope,
-            job=job.job,
-            host=v.host,
-            rank=v.rank,
-            start_ns=start,
-            detected_ns=job.watermark,
-            severity="warning",
-            evidence={
-                **v.evidence,
-                "threshold": cfg.threshold,
-                "sustain_windows": cfg.sustain_windows,
-            },
-        )
-        if ks is not None:
-            inc.key = ks.describe()
-            inc.trigger = ks.tuple
-        job.incidents[inc.id] = inc
-        return inc
-
-    def _join(self, inc: Incident, ks: KeyView) -> None:
-        gk = ks.tuple
-        st = ks.fire_streak
-        inc.eff_sum += st.effect_sum
-        inc.eff_n += st.windows
-        inc.peak = max(inc.peak, st.peak)
-        if inc.trigger == gk:
-            inc.obs_sum += st.observed_sum
-            inc.base_sum += st.baseline_sum
-            inc.ob_n += st.windows
-        inc.drift = inc.drift or st.drift
-        inc.members.append(gk)
-        inc.n_members += 1
-        if len(inc.listed) < MAX_LISTED_KEYS:
-            d = ks.describe()
-            mean = st.mean_effect()
-            d["effect"] = None if mean is None else round(mean, 6)
-            inc.listed.append(d)
-        desc = ks.describe()
-        for f, val in desc.items():
-            if inc.key.get(f) != val:
-                inc.key[f] = None
-        ks.incident = inc.id
-        if inc.type == "network_path":
-            inc.evidence["hosts"] = sorted(set(inc.evidence.get("hosts", ())) | set(ks.rank_host.values()))
-
-    def _key_resolved(self, job: JobState, ks: KeyView, end_ns: int | None, out: list) -> None:
-        inc = job.incidents.get(ks.incident) if ks.incident else None
-        ks.incident = None
-        ks.hold = []
-        if inc is None:
-            return
-        gk = ks.tuple
-        if gk in inc.members:
-            inc.members.remove(gk)
-        end = end_ns if end_ns is not None else job.watermark
-        inc.end_ns = max(inc.end_ns or end, end)
-        if not inc.members:
-            self._resolve(job, inc, out)
-
-    def _resolve(self, job: JobState, inc: Incident, out: list, reason: str | None = None) -> None:
-        if not inc.confirmed:  # never raised: ends as quietly as it began
-            del job.incidents[inc.id]
-            return
-        if inc.end_ns is None:
-            inc.end_ns = job.watermark
-        inc.end_ns = max(inc.end_ns, inc.start_ns)
-        if inc.type in COMM_TYPES or inc.type == "throughput_drop":
-            d = job.throughput.delta(inc.start_ns, inc.end_ns)
-            if d is not None:
-                inc.throughput_delta = d
-        if reason:
-            inc.evidence["resolved_because"] = reason
-        del job.incidents[inc.id]
-        self._emit(inc.event("resolved", max(job.watermark, inc.end_ns)), out)
-        if self.cfg.reopen_s > 0 and inc.type in COMM_TYPES and not reason:
-            if len(job.resolved) >= 64:
-                del job.resolved[next(iter(job.resolved))]
-            job.resolved[(inc.type, inc.scope)] = inc
-
-    def _set_throughput(self, job: JobState, inc: Incident) -> bool:
-        """Refresh a comm incident's throughput delta; True if its severity rose.
-
-        Only steps up to the job's window stream time count: throughput records reach
-        the detector sooner than windows, by an amount that depends on the driver, and
-        the verdict must not (watch, the worker and replay give the same events).
-        """
-        d = job.throughput.delta(inc.start_ns, job.watermark)
-        inc.throughput_delta = d
-        if d is not None and d <= -self.cfg.throughput_drop and inc.severity != "critical":
-            inc.severity = "critical"
-            return True
-        return False
-
-    def _emit(self, ev: AnomalyEvent, out: list) -> None:
-        out.append(ev)
-        if self.observer is not None:
-            self.observer.event(ev)
+            self.book.confirm(job, inc, out)
 
     # --- maintenance ticks --------------------------------------------------------
 
@@ -705,28 +406,8 @@ class Pipeline:
             self._close_upto(job, ks, start, out)
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
-        self._decide_throughput_drop(job, out)
-        self._refresh_comm_incidents(job, out)
-
-    def _refresh_comm_incidents(self, job: JobState, out: list) -> None:
-        tinc = job.find("throughput_drop", "")
-        if tinc is not None and tinc.severity == "info":
-            # Raised on its first windows: a drop that deepens past twice the gate over
-            # sustain_windows windows is a warning (the same id fires again). Steps up to
-            # the windows' stream time only, as _set_throughput.
-            now = job.watermark
-            d = job.throughput.delta(max(tinc.start_ns, now - self._early_span_ns(job)), now,
-                                     before_ns=tinc.start_ns)
-            if d is not None and d <= -2 * self.cfg.throughput_drop:
-                tinc.severity = "warning"
-                self._emit(tinc.event("firing", now), out)
-        for inc in list(job.incidents.values()):
-            if inc.type not in COMM_TYPES or inc.id not in job.incidents:
-                continue
-            if not inc.confirmed:
-                self._confirm(job, inc, out)
-            elif self._set_throughput(job, inc):
-                self._emit(inc.event("firing", job.watermark), out)
+        self.drops.decide(job, out)
+        self.book.refresh(job, out)
 
     def _close_all(self, job: JobState, out: list) -> None:
         for ks in list(job.pending_keys.values()):
@@ -753,7 +434,7 @@ class Pipeline:
                 inc.members.remove(gk)
                 inc.end_ns = max(inc.end_ns or last, last)
             if not inc.members:
-                self._resolve(job, inc, out, reason="keys_silent")
+                self.book.resolve(job, inc, out, reason="keys_silent")
 
     def _check_telemetry(self, job: JobState, out: list) -> None:
         tel = job.telemetry
@@ -766,7 +447,7 @@ class Pipeline:
                     inc.end_ns = resumed
                 elif inc.end_ns is None:
                     inc.end_ns = job.watermark
-                self._resolve(job, inc, out)
+                self.book.resolve(job, inc, out)
         for host in list(tel.resumed):
             if host not in problems and job.find("telemetry_loss", host) is None:
                 del tel.resumed[host]  # a gap that was no incident (the whole job paused)
@@ -784,15 +465,15 @@ class Pipeline:
                     "telemetry_loss", "telemetry", scope=host, host=host,
                     rank=next(iter(ranks)) if len(ranks) == 1 else None,
                 )
-                inc = self._open(job, v, p["since_ns"], None)
+                inc = self.book.open(job, v, p["since_ns"], None)
                 inc.evidence = evidence
                 inc.severity = severity
                 inc.detected_ns = detected
-                self._emit(inc.event("firing", detected), out)
+                self.book.emit(inc.event("firing", detected), out)
             elif SEVERITY_RANK[severity] > SEVERITY_RANK[inc.severity]:
                 inc.severity = severity
                 inc.evidence = evidence
-                self._emit(inc.event("firing", detected), out)
+                self.book.emit(inc.event("firing", detected), out)
             if p["drops"] is not None:
                 inc.end_ns = p["drops"]["last_ns"]
 
@@ -816,7 +497,7 @@ class Pipeline:
         for inc in list(job.incidents.values()):
             if inc.end_ns is None:
                 inc.end_ns = max(job.watermark, job.throughput.ts_ns)
-            self._resolve(job, inc, out, reason="job_silent")
+            self.book.resolve(job, inc, out, reason="job_silent")
 
     # --- throughput ---------------------------------------------------------------
 
@@ -836,150 +517,7 @@ class Pipeline:
                     self.observer.throughput(job.job, value)
             w = job.window_ns or DEFAULT_WINDOW_NS
             for end, value, filled in tp.windows(steps, w):
-                self._step(job, end - w, end, value, out, filled)
-
-    def _comm_trouble(self, job: JobState, since_ns: int | None = None) -> bool:
-        """A comm incident is open, or a key is degraded now (or, with ``since_ns``, was
-        at any time since then: a fault too short to fire a key still cost the steps)."""
-        excused: set[str | None] = set()
-        for inc in job.incidents.values():
-            if inc.type in COMM_TYPES:
-                if not self._excused(job, inc):
-                    return True
-                excused.add(inc.id)
-        # Keys not in an incident yet: a class that slowed alike with the job is not the
-        # cause of its drop either (the drop measured since it began).
-        tp = job.throughput
-        since = since_ns if since_ns is not None else tp.rule.start_ns if tp.rule.firing else None
-        d = None if since is None else tp.delta(since, job.watermark)
-        alike: dict[bool, bool] = {}  # per class, asked only of a degraded key (a scan each)
-        now = job.watermark
-        recent = job.recent_ns
-        for ks in job.keys.values():
-            if ks.incident in excused:
-                continue
-            live = now - ks.last_end_ns <= recent
-            if live and rule_degraded(ks.spread_rule):
-                return True  # a late rank: not a class's bandwidth, whatever it did
-            if since_ns is not None and ks.dropout_ns >= since_ns:
-                # Its share of the ranks' time rose in the drop-out and fell back: the
-                # windows since would call it slowed alike with the job.
-                return True
-            if not ((live and degraded_now(ks)) or (since_ns is not None and ks.warm and ks.degraded_ns >= since_ns)):
-                continue
-            if ks.incident is None:
-                net = ks.transport in NETWORK_TRANSPORTS
-                if net not in alike:
-                    alike[net] = d is not None and slowed_alike(job, net, -d, self.cfg.link_share_rise)
-                if alike[net]:
-                    continue
-            return True
-        return False
-
-    def _step(self, job: JobState, start: int, end: int, value: float, out: list, filled: bool = False) -> None:
-        """One completed throughput window ``[start, end)`` with its mean TFLOP/s
-        (``filled``: a later step's, which spans it: the baseline has it once)."""
-        cfg = self.cfg
-        tp = job.throughput
-        base = tp.baseline
-        effect = base.score_one(value)
-        degraded = effect >= cfg.throughput_drop and base.zscore(value) >= self.cfg.z_min
-        was_firing = tp.rule.firing
-        transition = tp.rule.update(effect, start, degraded)
-        trouble = self._comm_trouble(job)
-        if transition is None and not tp.rule.firing and not trouble:
-            if not filled:
-                tp.unlearned = learn_or_hold(base, tp.unlearned, value, degraded)
-            elif not base.warm:
-                base.span_warmup()  # a line over several windows warms up for their time
-        else:
-            tp.unlearned = []
-        tinc = job.find("throughput_drop", "")
-        if was_firing and tinc is not None:
-            tinc.add_window(effect, None, None, False)
-        if transition == FIRE:
-            tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else start
-            tp.fire_ts, tp.fire_wait_ns = end, 0
-            if filled:
-                # A line's mean over several windows, whose loss may lie in its last
-                # second: NCCL is judged on the windows up to the line, and its keys get
-                # the windows they need to call a fault that began there sustained.
-                w = end - start
-                tp.fire_ts = max(end, tp.win_start + w)
-                tp.fire_wait_ns = self.cfg.sustain_windows * w
-        elif transition == RESOLVE:
-            job.tp_suppressed = False
-            tp.pending_fire = None
-            tp.clear = 0
-            if tinc is not None:
-                tinc.end_ns = tp.rule.end_ns
-                self._resolve(job, tinc, out)
-        elif job.tp_suppressed and tp.rule.firing and tinc is None and tp.pending_fire is None:
-            # A drop a comm anomaly explained: "not NCCL" only if it outlasts NCCL's
-            # trouble by sustain_windows windows of its own.
-            if degraded and not trouble:
-                if not tp.clear:
-                    tp.clear_start = start
-                tp.clear += 1
-                if tp.clear >= cfg.sustain_windows:
-                    tp.pending_fire, tp.fire_ts, tp.clear = tp.clear_start, end, 0
-            else:
-                tp.clear = 0
-        self._decide_throughput_drop(job, out)
-        self._refresh_comm_incidents(job, out)
-
-    def _decide_throughput_drop(self, job: JobState, out: list) -> None:
-        """Report a sustained throughput drop once the windows of its time are in.
-
-        Throughput records reach the detector sooner than window summaries (a window
-        is published after it closes), so at the step that completes a drop the comm
-        windows of the same seconds may not be here yet: decide when every active key has
-        closed its window of the step's time, when the job has no windows at all, or when
-        the windows lag the throughput by more than the telemetry timeout.
-        """
-        tp = job.throughput
-        if tp.pending_fire is None:
-            return
-        t = tp.fire_ts
-        now = job.watermark
-        # The comm keys get a few windows more to show theirs: a straggler's spread, say,
-        # may need a window more than the steps.
-        grace = max(self.cfg.throughput_grace_windows * (job.window_ns or DEFAULT_WINDOW_NS), tp.fire_wait_ns)
-        ready = (
-            not job.keys
-            or tp.ts_ns - now > self._timeout_ns
-            or now >= t + grace and all(
-                ks.closed_before > t - ks.window_ns
-                for ks in job.keys.values()
-                if now - ks.last_end_ns <= self._timeout_ns
-            )
-        )
-        if not ready:
-            return
-        if self._comm_trouble(job, since_ns=tp.pending_fire):
-            # A comm anomaly carries the loss. If the drop outlasts it, _step re-arms.
-            job.tp_suppressed = True
-            tp.pending_fire = None
-            return
-        start = tp.pending_fire
-        tp.pending_fire = None
-        cfg = self.cfg
-        base = tp.baseline.baseline
-        inc = self._open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
-        # The steps that made the drop, whatever arrived since: same numbers in any driver.
-        observed, n = tp.mean(start, tp.fire_ts)
-        effect = 1.0 - observed / base if observed is not None and base else 0.0
-        inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
-        inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
-        inc.throughput_delta = tp.delta(start, tp.fire_ts)
-        inc.evidence.update(
-            {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
-             "after_comm_anomaly": job.tp_suppressed}
-        )
-        job.tp_suppressed = False
-        detected = max(job.watermark, tp.ts_ns)
-        inc.detected_ns = detected
-        self._emit(inc.event("firing", detected), out)
+                self.drops.step(job, end - w, end, value, out, filled)
 
     # --- telemetry records ----------------------------------------------------------
 
