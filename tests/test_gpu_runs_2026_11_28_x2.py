@@ -1,7 +1,7 @@
 """Real 2×H200 runs of 2026-11-28, held out: the two-GPU layout (an NVLink and a network
 communicator, two processes per GPU) with fault kinds only the 4-GPU batches had had;
 tests/fixtures/gpu_runs/2026-11-28-x2 has the README (three batches, each judged once:
-5, 6 and 7 of 7)."""
+5, 6, 7 and 5 of 7; the fourth recorded twice)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,34 @@ def test_the_third_batch(rows):
         assert rows[name]["got"] == "network_path", table
     for name in ("p2-clean-ag", "i2-sock-n16-ag", "p2-strag-r1-1.15x-ag"):
         assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table
+
+
+def test_the_fourth_batch(rows):
+    """5 of 7 as judged once (plan `ah`: job shapes with pipeline Send/Recv and a large
+    data-parallel AllReduce, a stepped rate from 40 Gbit/s, sockets with starved proxies, a
+    GPU shared 30 %, a throttle from 26 s). Misses: a 2× straggler on the large job held as
+    the echo of a `network_path` raised on one of its communicator's three network keys,
+    and the ramp found after its second step."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_4"])])
+    assert sorted(n for n in SPLIT["heldout_4"] if not rows[n]["ok"]) == [
+        "i2-big-strag-r3-1.3x-ah", "p2-ramp-40-24-12-ah"], table
+    r = rows["i2-big-strag-r3-1.3x-ah"]
+    assert r["got"] == "-" and [a.split("@")[0] for a in r["false_alerts"]] == ["network_path"], table
+    r = rows["p2-ramp-40-24-12-ah"]
+    assert (r["got"], r["false_alerts"]) == ("network_path", []) and r["delay_s"] > 5.0, table
+    for name in ("p2-pp-tc-20g-ah", "i2-sock-n8-cpu-k1-ah", "p2-tc-10g-late-ah"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    assert rows["p2-dp64-gpuhog-g0-0.3-ah"]["got"] == "straggler rank 0", table
+    assert rows["i2-pp-clean-ah"]["got"] == "-" and rows["i2-pp-clean-ah"]["false_alerts"] == [], table
+
+
+def test_the_fourth_batch_recorded_again():
+    """The same plan recorded a second time (`replicate-ah/`): 6 of 7. The straggler is
+    named this time (its communicator's network keys held), the ramp is late again."""
+    folder = FIXTURES / "replicate-ah"
+    again = judge(folder)
+    assert set(again) == set(SPLIT["heldout_4"])
+    table = eval_gpu_runs.markdown([again[n] for n in sorted(again)])
+    assert [n for n in sorted(again) if not again[n]["ok"]] == ["p2-ramp-40-24-12-ah"], table
+    assert again["i2-big-strag-r3-1.3x-ah"]["got"] == "straggler rank 1", table  # global rank 3
+    assert again["p2-ramp-40-24-12-ah"]["got"] == "network_path", table

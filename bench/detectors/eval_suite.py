@@ -555,7 +555,25 @@ def gpu_runs_2026_11_28_x2_section() -> str:
         GPU_RUNS_11_28_X2_THIRD,
         eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]),
         "",
+        "### Fourth batch, held out, recorded twice\n",
+        GPU_RUNS_11_28_X2_FOURTH,
+        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]),
+        "",
+        "The same plan recorded a second time (`replicate-ah/`, not counted above):\n",
+        eval_gpu_runs.markdown(sorted(judged("2026-11-28-x2/replicate-ah").values(), key=lambda r: r["run"])),
+        "",
     ])
+
+
+GPU_RUNS_11_28_X2_FOURTH = """The fourth batch (plan `2026-11-28-ah.json`): pipeline Send/Recv with a throttle and clean
+through Inspector, a 2x straggler on the large job through Inspector, a rate stepped
+40 -> 24 -> 12 Gbit/s, competing sockets with starved proxies through Inspector, a GPU
+shared 30 % on a 64 MiB data-parallel job, a throttle from 26 s. Judged once by
+`67165c4`: **5 of 7**. The misses: the straggler held as the echo of a `network_path`
+raised on one of its communicator's three network keys (both began in the same window;
+the second recording raised the straggler alone), and the ramp found after its second
+step. Not changed (the fixtures README has the window-by-window account).
+"""
 
 
 GPU_RUNS_11_28_X2_THIRD = """The third batch (plan `2026-11-28-ag.json`): every rank 1.3x slower and a 1.5x straggler
