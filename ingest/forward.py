@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest import checkpoint, kafka_sink
@@ -43,9 +44,10 @@ from ncclwatch.ingest.inspector import (
 from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.node_windows import NodeWindows
 from ncclwatch.ingest.parse import FastOpRecord, parse
+from ncclwatch.ingest.recording import inspector_job
 from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
-from ncclwatch.ingest.trainlog import MegatronFlops, RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import RankLogs
 
 from ncclwatch import private
 from ncclwatch.config import Config, IngestConfig
@@ -167,16 +169,16 @@ class Forwarder:
             self.sources.append(("inspector_json", self.inspector))
         self.trainlog: FileTailer | None = None
         # One parser per log (each counts steps of its own), one merge of all the ranks'
-        # logs into the job's series (ingest/trainlog.py: the rule, shared with watch).
-        self.tp_parsers: dict[str, ThroughputParser] = {}
-        self.tp_merge = RankMerge()
-        self.tp_megatron = MegatronFlops()  # the arguments rank 0's log printed, for every rank's
-        self.tp_job = opts.job or job_id()
+        # logs into the job's series (ingest/trainlog.py: the rule, shared with watch);
+        # the regex is checked now, not at a line.
+        self.tp_logs = RankLogs(job=opts.job or job_id(), host=self.host,
+                                regex=opts.throughput_regex or cfg.ingest.throughput_regex,
+                                timezone=cfg.ingest.trainlog_timezone, expect_new=True)
+        self.tp_merge = self.tp_logs.merge
         self.inspector_skipped: collections.Counter = collections.Counter()
         if opts.training_logs:
             self.trainlog = FileTailer(list(opts.training_logs))
             self.sources.append(("training_log", self.trainlog))
-            ThroughputParser(job=self.tp_job, host=self.host, regex=self._tp_regex())  # checks the regex now
         for name, tailer in self.sources:
             live = {p for s in tailer.discover() for p in s}
             if name == "training_log":
@@ -485,13 +487,7 @@ class Forwarder:
     def _inspector_job(self, src: str) -> str:
         job = self.inspector_jobs.get(src)
         if job is None:
-            base = os.path.basename(os.path.dirname(os.path.abspath(src)))
-            if self.opts.job:
-                job = self.opts.job
-            elif base.startswith("nccl-inspector-") and base != "nccl-inspector-unknown-jobid":
-                job = base[len("nccl-inspector-"):]
-            else:
-                job = job_id()
+            job = self.opts.job or inspector_job(Path(os.path.abspath(src))) or job_id()
             self.inspector_jobs[src] = job
         return job
 
@@ -553,9 +549,6 @@ class Forwarder:
                     self.floor.pop(src, None)
         return n, stopped
 
-    def _tp_regex(self) -> str:
-        return self.opts.throughput_regex or self.cfg.ingest.throughput_regex
-
     def _read_trainlog(self, chunks: list, out: list, ops: dict,
                        horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
         """Training-log lines -> the job's throughput series, stamped with the lines' own
@@ -573,12 +566,7 @@ class Forwarder:
             hi = -1
             st.path[src] = src
             floor = self.floor.get(src, -1)
-            parser = self.tp_parsers.get(src)
-            if parser is None:
-                parser = self.tp_parsers[src] = ThroughputParser(
-                    job=self.tp_job, host=self.host, regex=self._tp_regex(),
-                    timezone=self.cfg.ingest.trainlog_timezone, megatron=self.tp_megatron)
-                self.tp_merge.expect(src)
+            parser = self.tp_logs.parser(src)
             for line in chunk.lines():
                 if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
                     if parser.megatron is not None and line.next_offset <= floor:

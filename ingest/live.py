@@ -5,8 +5,8 @@ code: the plugin's spool (:class:`~ncclwatch.ingest.spool.SpoolTailer`, lines pa
 the contract), NCCL Inspector JSON logs (``<dir>/*.log``,
 :func:`~ncclwatch.ingest.inspector.op_from_inspector`) and training logs (one file per
 rank, globs re-expanded at every poll so ranks that start late are found;
-:class:`~ncclwatch.ingest.trainlog.ThroughputParser` with the lines' own time, and
-:class:`~ncclwatch.ingest.trainlog.RankMerge` for one job series).
+:class:`~ncclwatch.ingest.trainlog.RankLogs`: a parser per log, the lines' own time,
+one job series).
 
 :meth:`LiveSources.poll` gives ``(key, line, record)``: ``key`` names the input the
 caller's time merge orders (a file; all training logs together are one input, since
@@ -27,7 +27,7 @@ from ncclwatch.ingest.parse import parse_record
 from ncclwatch.ingest.recording import Options, inspector_job
 from ncclwatch.ingest.spool import FileTailer, Line, SpoolTailer, Tailer
 from ncclwatch.ingest.throughput import job_id
-from ncclwatch.ingest.trainlog import MegatronFlops, RankMerge, ThroughputParser
+from ncclwatch.ingest.trainlog import RankLogs
 
 TRAINLOG_KEY = "training-log"
 
@@ -64,9 +64,8 @@ class LiveSources:
         # training logs are of the job Inspector's directory names, when it names one.
         named = {inspector_job(Path(d, "x.log")) for d in inspector_dirs} - {""}
         self.job = options.job or (next(iter(named)) if len(named) == 1 else "") or job_id()
-        self.merge = RankMerge()
-        self._parsers: dict[str, ThroughputParser] = {}
-        self._megatron = MegatronFlops()  # the arguments rank 0's log printed, for every rank's
+        self.logs = RankLogs(job=self.job, host=self.host, regex=options.throughput_regex,
+                             timezone=options.timezone)
         self._inspector_jobs: dict[str, str] = {}
         self.skipped: dict[str, int] = {}
 
@@ -114,11 +113,11 @@ class LiveSources:
                     if rec is not None:
                         out.append((line.source, line, rec))
                 else:
-                    self._trainlog(line)
+                    self.logs.add(line.raw, line.source, time.time_ns())
                     last_log_line = line
             if name == "training_log":
                 # after every file's new lines: an iteration is complete when all ranks logged it
-                out += [(TRAINLOG_KEY, last_log_line, r) for r in self.merge.release()]
+                out += [(TRAINLOG_KEY, last_log_line, r) for r in self.logs.merge.release()]
         return out
 
     def behind(self) -> list[tuple[str, bool]]:
@@ -144,7 +143,7 @@ class LiveSources:
 
     def flush(self) -> list[tuple[str, Line, Any]]:
         """End of input: the iterations the training-log merge still holds."""
-        return [(TRAINLOG_KEY, Line(TRAINLOG_KEY, 0, 0, b""), r) for r in self.merge.flush()]
+        return [(TRAINLOG_KEY, Line(TRAINLOG_KEY, 0, 0, b""), r) for r in self.logs.merge.flush()]
 
     def close(self) -> None:
         for _, tailer in self.tailers:
@@ -163,15 +162,3 @@ class LiveSources:
         except InspectorError as e:
             stage = "parse" if e.reason in ("not_json", "not_utf8") else "schema"
             return quarantine(e, line.raw, line.source, line.offset, stage)
-
-    def _trainlog(self, line: Line) -> None:
-        parser = self._parsers.get(line.source)
-        if parser is None:
-            parser = self._parsers[line.source] = ThroughputParser(
-                job=self.job, host=self.host, regex=self.options.throughput_regex, timezone=self.options.timezone,
-                megatron=self._megatron,
-            )
-        rec = parser.parse(line.raw.decode("utf-8", errors="replace"), time.time_ns())
-        if rec is not None:
-            self.merge.add(line.source, rec)
-

@@ -517,6 +517,53 @@ class RankMerge:
         return out
 
 
+class RankLogs:
+    """One job's training logs as they grow, one per rank: a parser per log (the
+    arguments rank 0's log printed serve every log's, :class:`MegatronFlops`) and the
+    ranks merged into the job's series (:class:`RankMerge`, live: ``hold_s``). The
+    forwarder and ``watch``'s live sources read training logs through it.
+
+    ``expect_new``: a log counts for the merge from its first line read, before it
+    reported an iteration (a reader that reads all logs up to a common time, as the
+    forwarder does, knows then that a silent rank has nothing yet).
+
+    >>> logs = RankLogs(job="j", host="h", timezone="UTC")
+    >>> line = b"[2026-11-22 03:25:28] iteration 2/ 10 | throughput per GPU (TFLOP/s/GPU): %.1f |"
+    >>> logs.add(line % 40.0, "rank-0.log", 7).tflops_per_gpu
+    40.0
+    >>> _ = logs.add(line % 44.0, "rank-1.log", 7)
+    >>> [(r.step, r.tflops_per_gpu) for r in logs.merge.release()]
+    [(2, 42.0)]
+    """
+
+    def __init__(self, *, job: str, host: str, regex: str = DEFAULT_REGEX, timezone: str = "local",
+                 expect_new: bool = False):
+        self.job, self.host, self.regex, self.timezone = job, host, regex, timezone
+        self.expect_new = expect_new
+        ThroughputParser(job=job, host=host, regex=regex)  # a bad regex fails here, not at a line
+        self.merge = RankMerge()
+        self.megatron = MegatronFlops()
+        self._parsers: dict[str, ThroughputParser] = {}
+
+    def parser(self, source: str) -> ThroughputParser:
+        """The parser of one log (made at its first line)."""
+        parser = self._parsers.get(source)
+        if parser is None:
+            parser = self._parsers[source] = ThroughputParser(
+                job=self.job, host=self.host, regex=self.regex, timezone=self.timezone,
+                megatron=self.megatron)
+            if self.expect_new:
+                self.merge.expect(source)
+        return parser
+
+    def add(self, raw: bytes, source: str, read_ns: int) -> ThroughputRecord | None:
+        """One line of one log: its record (also in the merge), or None."""
+        rec = self.parser(source).parse(raw.decode("utf-8", errors="replace"), read_ns)
+        if rec is not None:
+            self.merge.add(source, rec)
+        return rec
+
+
 def _combine(records: list[ThroughputRecord]) -> ThroughputRecord:
     first = records[0]
     if len(records) == 1:
