@@ -25,12 +25,12 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest import checkpoint, kafka_sink
+from ncclwatch.ingest.alignment import NO_LIMIT, AlignedReads
 from ncclwatch.ingest.buffer import DiskBuffer
 from ncclwatch.ingest.delivery import Batch, Delivery
 from ncclwatch.ingest.disk_errors import DiskErrors
@@ -56,7 +56,6 @@ from ncclwatch.routing import key_for, op_group, topic_for
 from ncclwatch.rules import safe_filename
 
 log = logging.getLogger("ncclwatch.forward")
-_NO_LIMIT = 1 << 63
 
 
 _ING = IngestConfig()  # the documented defaults: Options starts from them, never its own
@@ -102,22 +101,6 @@ class Options:
     quarantine_file: str = ""
 
 
-@dataclass
-class StreamTimes:
-    """One source's streams, for reading them together in stream time (_read_aligned)."""
-
-    time: dict[str, int] = field(default_factory=dict)  # the stream's time
-    behind: dict[str, bool] = field(default_factory=dict)  # complete lines left to read
-    path: dict[str, str] = field(default_factory=dict)  # the file it was last read from
-
-    def prune(self, live: Collection[str]) -> None:
-        """Forget streams the tailer no longer has (cheap when there are none)."""
-        if len(self.time) > len(live) or len(self.behind) > len(live):
-            for d in (self.time, self.behind, self.path):
-                for sid in [s for s in d if s not in live]:
-                    del d[sid]
-
-
 class Forwarder:
     """The forwarder's state machine; :meth:`run` loops until stopped (or drained)."""
 
@@ -150,11 +133,11 @@ class Forwarder:
         self.windows = NodeWindows(opts.window_s, opts.inspector_lateness_s, self.initial_closed_before)
         self.window_ns = self.windows.window_ns
         self.last_seen: dict[str, float] = {}
-        # Reading a source's streams together (see _read_aligned): per stream id, its
-        # time, whether it has lines left, the file it was last read from.
-        self.align_ns = int(round(opts.align_s * 1e9)) if opts.align_s >= 0 else (
-            self.window_ns // 2)
-        self.aligned = StreamTimes()  # every source's streams: they share the host clock
+        # Every source's streams read together in stream time (ingest/alignment.py):
+        # they share the host clock.
+        align_ns = int(round(opts.align_s * 1e9)) if opts.align_s >= 0 else self.window_ns // 2
+        self.reads = AlignedReads(align_ns, clock, self.last_seen)
+        self.aligned = self.reads.times
 
         self.sources: list[tuple[str, Tailer]] = []
         self.spool = SpoolTailer(opts.spool_dir, trust=cfg.ingest.spool_trust)
@@ -268,78 +251,11 @@ class Forwarder:
             self.disk.ok("quarantine")
         out.append((self.topics.quarantine, q.source.encode("utf-8", "replace"), line))
 
-    # -- reading the spool's streams together in stream time ------------------------------
-    #
-    # Each spool stream (one process) has a *time*: the end of the next op it holds that
-    # was read but given back (below), else the largest op end (or throughput ts_ns)
-    # taken from it. A stream is *behind* while it has complete lines left to read. All
-    # streams of the node (every job: they share the host clock, so this is the order a
-    # live forwarder saw) are read up to a common horizon, the smallest time of the
-    # behind streams plus ``align_ns``; a record past the horizon
-    # is given back (the tailer is rewound to it) and read again once the others caught
-    # up. A stream whose time is not known yet is probed: its first timed record is
-    # given back at once. So a backlog is read in stream-time order across processes,
-    # as a live forwarder would read it, and op records and window summaries (which
-    # close on their own process's stream time) reach Kafka at most ``align_ns`` apart
-    # in stream time across processes. A stream that is caught up (no complete line
-    # left) holds nobody back.
-
-    #
-    # NCCL Inspector's JSON logs (one file per process, dumped per communicator) and the
-    # training logs (one per rank) are streams too, on the same horizon: a backlog of
-    # them would otherwise reach Kafka one whole file after another, throughput far
-    # ahead of the windows it should be judged with.
-
-    def _read_aligned(self, tailer: Tailer, read: Any, budget: int, out: list,
-                      ops: dict) -> int:
-        """Read ``tailer``'s streams together up to a common horizon (see above).
-
-        ``read(chunks, out, ops, horizon)`` processes polled chunks and returns
-        ``(lines used, streams given back)``.
-        """
-        st = self.aligned
-        total = 0
-        # Streams found caught up are not polled again in this call (a stat per file per
-        # round, for nothing, with hundreds of streams); the next call looks again.
-        caught_up: set[str] = set()
-        for _ in range(256):  # rounds; each one advances the slowest stream
-            horizon, skip = self._plan(st)
-            skip |= caught_up
-            n_streams = max(1, len(tailer.stream_ids) - len(skip))
-            per = max(64, budget // n_streams)
-            chunks = tailer.poll_chunks(budget, per_stream=per, skip=skip)
-            n, gave = read(chunks, out, ops, horizon)
-            behind = st.behind
-            limited = tailer.limited
-            for sid in tailer.read_streams:
-                behind[sid] = is_behind = sid in limited or sid in gave
-                if not is_behind:
-                    caught_up.add(sid)
-            total += n
-            budget -= n
-            if budget <= 0 or (n == 0 and not gave) or not any(behind.values()):
-                break
-        st.prune({sid for _, t in self.sources for sid in t.stream_ids})
-        return total
-
-    def _plan(self, st: StreamTimes) -> tuple[int, set[str]]:
-        """The horizon, and the behind streams already past it."""
-        behind = [(sid, t) for sid, t in st.time.items() if st.behind.get(sid)]
-        if not behind:
-            return _NO_LIMIT, set()
-        horizon = min(t for _, t in behind) + self.align_ns
-        skip = {sid for sid, t in behind if t > horizon}
-        if skip:
-            # Held back on purpose, not idle: keep the idle flush off its windows.
-            now = self.clock()
-            for sid in skip:
-                path = st.path.get(sid)
-                if path is not None:
-                    self.last_seen[path] = now
-        return horizon, skip
+    def _stream_ids(self) -> set[str]:
+        return {sid for _, t in self.sources for sid in t.stream_ids}
 
     def _read_spool(self, chunks: list, out: list, ops: dict,
-                    horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
+                    horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
         """Process polled chunks up to each stream's horizon; (lines used, streams given
         back). Lines past a stream's horizon are given back to the tailer."""
         # The hot path of the forwarder: keep per-line work to parse, window, group.
@@ -492,7 +408,7 @@ class Forwarder:
         return job
 
     def _read_inspector(self, chunks: list, out: list, ops: dict,
-                        horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
+                        horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
         """Inspector lines -> ops, up to each file's horizon (as :meth:`_read_spool`)."""
         n = 0
         now = self.clock()
@@ -550,7 +466,7 @@ class Forwarder:
         return n, stopped
 
     def _read_trainlog(self, chunks: list, out: list, ops: dict,
-                       horizon: int = _NO_LIMIT) -> tuple[int, set[str]]:
+                       horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
         """Training-log lines -> the job's throughput series, stamped with the lines' own
         time (read time only for a line without one), the ranks' logs merged; a line
         stamped past its file's horizon is given back (as :meth:`_read_spool`)."""
@@ -639,12 +555,9 @@ class Forwarder:
         for name, tailer in self.sources:
             if budget <= 0:
                 break
-            if name == "spool":
-                n = self._read_aligned(tailer, self._read_spool, budget, out, ops)
-            elif name == "inspector_json":
-                n = self._read_aligned(tailer, self._read_inspector, budget, out, ops)
-            else:
-                n = self._read_aligned(tailer, self._read_trainlog, budget, out, ops)
+            read = (self._read_spool if name == "spool" else self._read_inspector
+                    if name == "inspector_json" else self._read_trainlog)
+            n = self.reads.read(tailer, read, budget, out, ops, self._stream_ids)
             self.metrics.read.labels(name).inc(n)
             budget -= n
             total += n
