@@ -1,7 +1,7 @@
 """Real 2×H200 runs of 2026-11-28, held out: the two-GPU layout (an NVLink and a network
 communicator, two processes per GPU) with fault kinds only the 4-GPU batches had had;
 tests/fixtures/gpu_runs/2026-11-28-x2 has the README (three batches, each judged once:
-5, 6, 7 and 5 of 7; the fourth recorded twice)."""
+5, 6, 7, 5 and 6 of 7; the fourth recorded twice)."""
 
 from __future__ import annotations
 
@@ -95,3 +95,21 @@ def test_the_fourth_batch_recorded_again():
     assert [n for n in sorted(again) if not again[n]["ok"]] == ["p2-ramp-40-24-12-ah"], table
     assert again["i2-big-strag-r3-1.3x-ah"]["got"] == "straggler rank 1", table  # global rank 3
     assert again["p2-ramp-40-24-12-ah"]["got"] == "network_path", table
+
+
+def test_the_fifth_batch(rows):
+    """6 of 7 as judged once (plan `ai`: one node of two GPUs, NVLink copies one and both
+    ways and host-memory copies under the SHM transport; a ramp through Inspector; a
+    straggler under the gate on the pipeline job; proxy starvation on the large job;
+    clean), labels by `measure_fault.py` (the copies slowed no transfer: a straggler one
+    way, the job's own drop both ways). The miss is the ramp, found after its second step."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_5"])])
+    assert [n for n in SPLIT["heldout_5"] if not rows[n]["ok"]] == ["i2-ramp-48-24-12-ai"], table
+    r = rows["i2-ramp-48-24-12-ai"]
+    assert (r["got"], r["false_alerts"]) == ("network_path", []) and r["delay_s"] > 5.0, table
+    assert rows["i2n1-nvlink-1x1-ai"]["got"] == "straggler rank 1", table  # the copies' destination
+    assert rows["p2n1-nvlink-2x2-big-ai"]["got"] == "throughput_drop", table
+    assert rows["p2n1-shm-membw-24-ai"]["got"] == "intra_node", table
+    assert rows["i2-big-cpu-k1-d0.35-ai"]["got"] == "network_path", table
+    for name in ("p2-pp-strag-r2-1.2x-ai", "p2n1-clean-big-ai"):
+        assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table

@@ -178,7 +178,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-26", "2×H100"),
     ("2026-11-27", "2×H100, pipeline `Send`/`Recv`"),
     ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
-    ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU"),
+    ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
 )
 
 
@@ -562,7 +562,23 @@ def gpu_runs_2026_11_28_x2_section() -> str:
         "The same plan recorded a second time (`replicate-ah/`, not counted above):\n",
         eval_gpu_runs.markdown(sorted(judged("2026-11-28-x2/replicate-ah").values(), key=lambda r: r["run"])),
         "",
+        "### Fifth batch, held out: faults inside one node\n",
+        GPU_RUNS_11_28_X2_FIFTH,
+        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]),
+        "",
     ])
+
+
+GPU_RUNS_11_28_X2_FIFTH = """The fifth batch (plan `2026-11-28-ai.json`): one node of two GPUs with NVLink copies both
+ways and one way (through Inspector) on the large job, host-memory copies under the SHM
+transport; on two pretend nodes a rate stepped 48 -> 24 -> 12 Gbit/s through Inspector,
+a 1.2x straggler under the gate on the pipeline job, proxy starvation on the large job
+through Inspector; a clean node. The intra-node runs labelled by what they measurably
+did (`bench/scenarios/measure_fault.py`, as every such run before): the copies slowed no
+transfer (one way: a straggler, both ways: the job's own drop). Judged once by
+`49b5713`: **6 of 7** (4 of 7 by the injected labels); the miss is the ramp, found 4.6 s
+after its second step, 8.6 s after its first.
+"""
 
 
 GPU_RUNS_11_28_X2_FOURTH = """The fourth batch (plan `2026-11-28-ah.json`): pipeline Send/Recv with a throttle and clean
