@@ -1,7 +1,7 @@
 """Real 2×H200 runs of 2026-11-28, held out: the two-GPU layout (an NVLink and a network
 communicator, two processes per GPU) with fault kinds only the 4-GPU batches had had;
 tests/fixtures/gpu_runs/2026-11-28-x2 has the README (three batches, each judged once:
-5, 6, 7, 5 and 6 of 7; the fourth recorded twice)."""
+5, 6, 7, 5 and 6 of 7, then 5 of 5; the fourth recorded twice)."""
 
 from __future__ import annotations
 
@@ -112,4 +112,18 @@ def test_the_fifth_batch(rows):
     assert rows["p2n1-shm-membw-24-ai"]["got"] == "intra_node", table
     assert rows["i2-big-cpu-k1-d0.35-ai"]["got"] == "network_path", table
     for name in ("p2-pp-strag-r2-1.2x-ai", "p2n1-clean-big-ai"):
+        assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table
+
+
+def test_the_sixth_batch(rows):
+    """5 of 5 as judged once (plan `aj`: a throttle and competing sockets under the gate,
+    a 1.25x straggler on an NVLink process through Inspector, 4-s throttle pulses, a GPU
+    shared 40 % on the large job through Inspector, which `measure_fault.py` labels the
+    job's own drop: its ranks were not late on the NVLink keys)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_6"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_6"]), table
+    assert rows["i2-strag-r0-1.25x-aj"]["got"] == "straggler rank 0", table
+    assert rows["p2-pulse-4-2-tc-16g-aj"]["got"] == "network_path", table
+    assert rows["i2-big-gpuhog-g1-0.4-aj"]["got"] == "throughput_drop", table
+    for name in ("p2-tc-32g-aj", "p2-sock-n32-aj"):
         assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table

@@ -566,7 +566,19 @@ def gpu_runs_2026_11_28_x2_section() -> str:
         GPU_RUNS_11_28_X2_FIFTH,
         eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]),
         "",
+        "### Sixth batch, held out\n",
+        GPU_RUNS_11_28_X2_SIXTH,
+        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]),
+        "",
     ])
+
+
+GPU_RUNS_11_28_X2_SIXTH = """The sixth batch (plan `2026-11-28-aj.json`, five 40-s runs): a 32 Gbit/s throttle and 32
+competing sockets (both under the gate), a 1.25x straggler on an NVLink process through
+Inspector, 4-s throttle pulses, a GPU shared 40 % on the large job through Inspector
+(labelled the job's own drop by `measure_fault.py`: its ranks were not late on the
+NVLink keys). Judged once by `f722caa`: **5 of 5** (4 of 5 by the injected label).
+"""
 
 
 GPU_RUNS_11_28_X2_FIFTH = """The fifth batch (plan `2026-11-28-ai.json`): one node of two GPUs with NVLink copies both
