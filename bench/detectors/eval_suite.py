@@ -541,36 +541,22 @@ def gpu_runs_2026_11_28_x2_section() -> str:
     root = eval_gpu_runs.FIXTURES.parent / "2026-11-28-x2"
     split = json.loads((root / "split.json").read_text())
     rows = judged("2026-11-28-x2")
-    return "\n".join([
-        "## Recorded GPU runs of 2026-11-28 on two GPUs, held out\n",
-        "### First batch\n",
-        GPU_RUNS_11_28_X2,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout"])]),
-        "",
-        "### Second batch, held out for the change the first led to\n",
-        GPU_RUNS_11_28_X2_SECOND,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]),
-        "",
-        "### Third batch, held out\n",
-        GPU_RUNS_11_28_X2_THIRD,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]),
-        "",
-        "### Fourth batch, held out, recorded twice\n",
-        GPU_RUNS_11_28_X2_FOURTH,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]),
-        "",
-        "The same plan recorded a second time (`replicate-ah/`, not counted above):\n",
-        eval_gpu_runs.markdown(sorted(judged("2026-11-28-x2/replicate-ah").values(), key=lambda r: r["run"])),
-        "",
-        "### Fifth batch, held out: faults inside one node\n",
-        GPU_RUNS_11_28_X2_FIFTH,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]),
-        "",
-        "### Sixth batch, held out\n",
-        GPU_RUNS_11_28_X2_SIXTH,
-        eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]),
-        "",
-    ])
+    batches = [  # (heading, text, split)
+        ("First batch", GPU_RUNS_11_28_X2, "heldout"),
+        ("Second batch, held out for the change the first led to", GPU_RUNS_11_28_X2_SECOND, "heldout_2"),
+        ("Third batch, held out", GPU_RUNS_11_28_X2_THIRD, "heldout_3"),
+        ("Fourth batch, held out, recorded twice", GPU_RUNS_11_28_X2_FOURTH, "heldout_4"),
+        ("Fifth batch, held out: faults inside one node", GPU_RUNS_11_28_X2_FIFTH, "heldout_5"),
+        ("Sixth batch, held out", GPU_RUNS_11_28_X2_SIXTH, "heldout_6"),
+    ]
+    out = ["## Recorded GPU runs of 2026-11-28 on two GPUs, held out\n"]
+    for heading, text, name in batches:
+        out += [f"### {heading}\n", text, eval_gpu_runs.markdown([rows[n] for n in sorted(split[name])]), ""]
+        if name == "heldout_4":
+            again = judged("2026-11-28-x2/replicate-ah")
+            out += ["The same plan recorded a second time (`replicate-ah/`, not counted above):\n",
+                    eval_gpu_runs.markdown([again[n] for n in sorted(again)]), ""]
+    return "\n".join(out)
 
 
 GPU_RUNS_11_28_X2_SIXTH = """The sixth batch (plan `2026-11-28-aj.json`, five 40-s runs): a 32 Gbit/s throttle and 32
