@@ -1,10 +1,12 @@
 """``ncclwatch forward``: the per-node forwarder (sources -> transforms -> Kafka).
 
-Sources: the plugin spool (:class:`~ncclwatch.ingest.spool.SpoolTailer`; throughput API
-files arrive through it too), NCCL Inspector JSON logs and ``.prom`` files, a training
-log. Transforms: parse + validate (:mod:`ncclwatch.ingest.parse`), Inspector mapping,
-windowing (:class:`~ncclwatch.ingest.windows.Windower`). Sinks: Kafka (acks=all), the
-quarantine file and topic, the on-disk spill buffer.
+Sources (:mod:`ncclwatch.ingest.sources`, each with its transform): the plugin spool
+(throughput API files arrive through it too), NCCL Inspector JSON logs and ``.prom``
+files, the ranks' training logs; read together in stream time
+(:mod:`ncclwatch.ingest.alignment`), windowed per node
+(:mod:`ncclwatch.ingest.node_windows`). Sinks: Kafka (acks=all,
+:mod:`ncclwatch.ingest.delivery`), the quarantine file and topic, the on-disk spill buffer.
+This module is the loop: batches, restart positions, checkpoints, segment deletion.
 
 Delivery (see docs/ingest.md): lines are read in batches; a batch is *done* once Kafka
 acknowledged every message of it, or once it was fsynced into the spill buffer. File
@@ -17,8 +19,6 @@ the windows come out whole.
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
 import logging
 import os
 import signal
@@ -26,33 +26,29 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ncclwatch.ingest import checkpoint, kafka_sink
-from ncclwatch.ingest.alignment import NO_LIMIT, AlignedReads
+from ncclwatch.ingest.alignment import AlignedReads
 from ncclwatch.ingest.buffer import DiskBuffer
 from ncclwatch.ingest.delivery import Batch, Delivery
 from ncclwatch.ingest.disk_errors import DiskErrors
-from ncclwatch.ingest.inspector import (
-    InspectorError,
-    NotAnOp,
-    op_from_inspector,
-    quarantine,
-    windows_from_prom,
-)
 from ncclwatch.ingest.metrics import ForwarderMetrics
 from ncclwatch.ingest.node_windows import NodeWindows
-from ncclwatch.ingest.parse import FastOpRecord, parse
-from ncclwatch.ingest.recording import inspector_job
-from ncclwatch.ingest.spool import FileTailer, SpoolTailer, Tailer
+from ncclwatch.ingest.sources import (
+    InspectorSource,
+    Intake,
+    LineSource,
+    PromFiles,
+    QuarantineSink,
+    SpoolSource,
+    TrainlogSource,
+)
+from ncclwatch.ingest.spool import FileTailer, SpoolTailer
 from ncclwatch.ingest.throughput import job_id
 from ncclwatch.ingest.trainlog import RankLogs
 
-from ncclwatch import private
 from ncclwatch.config import Config, IngestConfig
-from ncclwatch.records import Quarantined, to_json
-from ncclwatch.routing import key_for, op_group, topic_for
 from ncclwatch.rules import safe_filename
 
 log = logging.getLogger("ncclwatch.forward")
@@ -111,7 +107,6 @@ class Forwarder:
         self.topics = cfg.topics
         self.metrics = metrics or ForwarderMetrics()
         self.clock = clock
-        self.max_future_ns = int(cfg.ingest.max_future_s * 1e9)
         self.host = socket.gethostname()
         self.node_dir = os.path.join(opts.state_dir, safe_filename(opts.node_id))
         self.ckpt_path = checkpoint.path_for(opts.state_dir, opts.node_id)
@@ -121,52 +116,54 @@ class Forwarder:
         state = checkpoint.load(self.ckpt_path)
         self.acked: dict[str, int] = dict(state.get("acked", {}))
         self.window_from: dict[str, int] = dict(state.get("window_from", {}))
-        self.prom_sent: dict[str, list] = dict(state.get("prom", {}))
+        prom_sent: dict[str, list] = dict(state.get("prom", {}))
         inodes: dict[str, int] = dict(state.get("inodes", {}))
         # Lines ending at or before these offsets were delivered before a restart: they are
         # re-read only to rebuild open windows, never re-sent.
-        self.floor: dict[str, int] = {
+        floor: dict[str, int] = {
             p: a for p, a in self.acked.items() if self.window_from.get(p, a) < a
         }
 
         self.initial_closed_before = state.get("closed_before", [])
-        self.windows = NodeWindows(opts.window_s, opts.inspector_lateness_s, self.initial_closed_before)
-        self.window_ns = self.windows.window_ns
-        self.last_seen: dict[str, float] = {}
+        windows = NodeWindows(opts.window_s, opts.inspector_lateness_s, self.initial_closed_before)
+        self.windows = windows
+        self.window_ns = windows.window_ns
         # Every source's streams read together in stream time (ingest/alignment.py):
         # they share the host clock.
         align_ns = int(round(opts.align_s * 1e9)) if opts.align_s >= 0 else self.window_ns // 2
-        self.reads = AlignedReads(align_ns, clock, self.last_seen)
-        self.aligned = self.reads.times
-
-        self.sources: list[tuple[str, Tailer]] = []
         self.spool = SpoolTailer(opts.spool_dir, trust=cfg.ingest.spool_trust)
-        # ingest.spool_trust=owner: a record must name the job of the directory it is in
-        self.check_job = cfg.ingest.spool_trust == "owner"
-        self._dir_jobs: dict[str, str | None] = {}  # segment dir -> its job's safe name
-        self.sources.append(("spool", self.spool))
-        self.inspector: FileTailer | None = None
-        self.inspector_jobs: dict[str, str] = {}
+        self.quarantine = QuarantineSink(
+            opts.quarantine_file or os.path.join(self.node_dir, "quarantine.jsonl"),
+            self.topics.quarantine, self.metrics, self.disk)
+        self.last_seen: dict[str, float] = {}  # file -> wall time it was last read
+        self.reads = AlignedReads(align_ns, clock, self.last_seen)
+        self.intake = Intake(windows, self.reads.times, self.quarantine, self.topics, clock,
+                             cfg.ingest.max_future_s, opts.windows_per_message,
+                             self.spool.max_line_bytes, floor=floor, last_seen=self.last_seen)
+        self.sources: list[LineSource] = [
+            SpoolSource(self.intake, self.spool, self.metrics,
+                        check_job=cfg.ingest.spool_trust == "owner")]
+        self.inspector: InspectorSource | None = None
         if opts.inspector_dirs:
-            self.inspector = FileTailer([os.path.join(d, "*.log") for d in opts.inspector_dirs])
-            self.sources.append(("inspector_json", self.inspector))
-        self.trainlog: FileTailer | None = None
+            self.inspector = InspectorSource(
+                self.intake, FileTailer([os.path.join(d, "*.log") for d in opts.inspector_dirs]),
+                job=opts.job)
+            self.sources.append(self.inspector)
         # One parser per log (each counts steps of its own), one merge of all the ranks'
         # logs into the job's series (ingest/trainlog.py: the rule, shared with watch);
         # the regex is checked now, not at a line.
-        self.tp_logs = RankLogs(job=opts.job or job_id(), host=self.host,
-                                regex=opts.throughput_regex or cfg.ingest.throughput_regex,
-                                timezone=cfg.ingest.trainlog_timezone, expect_new=True)
-        self.tp_merge = self.tp_logs.merge
-        self.inspector_skipped: collections.Counter = collections.Counter()
+        logs = RankLogs(job=opts.job or job_id(), host=self.host,
+                        regex=opts.throughput_regex or cfg.ingest.throughput_regex,
+                        timezone=cfg.ingest.trainlog_timezone, expect_new=True)
+        self.trainlog = TrainlogSource(self.intake, FileTailer(list(opts.training_logs)), logs)
         if opts.training_logs:
-            self.trainlog = FileTailer(list(opts.training_logs))
-            self.sources.append(("training_log", self.trainlog))
-        for name, tailer in self.sources:
+            self.sources.append(self.trainlog)
+        for source in self.sources:
+            tailer = source.tailer
             live = {p for s in tailer.discover() for p in s}
-            if name == "training_log":
+            if source is self.trainlog:
                 for p in sorted(live):  # every rank's log counts before it is read
-                    self.tp_merge.expect(p)
+                    logs.merge.expect(p)
             for p in live:
                 if p not in self.acked:
                     continue
@@ -178,7 +175,7 @@ class Forwarder:
                     # Replaced or truncated while we were down: the offsets belong to
                     # another file. Read this one from 0 and send all of it.
                     log.warning("event=file_changed_while_down path=%s; reading from 0", p)
-                    self.floor.pop(p, None)
+                    floor.pop(p, None)
                     continue
                 tailer.positions[p] = min(self.acked[p], self.window_from.get(p, self.acked[p]))
                 tailer.inodes[p] = st.st_ino
@@ -188,363 +185,31 @@ class Forwarder:
             cfg, opts, DiskBuffer(os.path.join(self.node_dir, "buffer"), tuple(buf) if buf else None,
                                   max_bytes=opts.buffer_max_bytes),
             metrics=self.metrics, disk=self.disk, clock=clock)
-        self.quarantine_path = opts.quarantine_file or os.path.join(self.node_dir,
-                                                                    "quarantine.jsonl")
         self.stopping = False
         self.last_ckpt = 0.0
         self.last_idle_check = 0.0
         self.last_prom = 0.0
         self.last_progress = 0.0
         self.read_total = 0
-        self.quarantined_total = 0
-        self.quarantine_fd: int | None = None
         self.late_reported = 0
         if opts.once:
             opts.prom_settle_s = 0.0  # the input is complete: nothing is being written
+        self.prom = PromFiles(self.intake, self.metrics, opts.inspector_dirs, sent=prom_sent,
+                              settle_s=opts.prom_settle_s, interval_s=opts.prom_interval_s)
 
     # -- reading -------------------------------------------------------------------------
 
     def _snapshot(self) -> dict:
         positions: dict[str, int] = {}
         inodes: dict[str, int] = {}
-        for _, tailer in self.sources:
-            positions.update(tailer.positions)
-            inodes.update(tailer.inodes)
+        for source in self.sources:
+            positions.update(source.tailer.positions)
+            inodes.update(source.tailer.inodes)
         return {"acked": positions, "window_from": self.windows.window_from(), "inodes": inodes,
-                "prom": dict(self.prom_sent), "closed_before": self.windows.closed_before()}
-
-    def _window_op(self, wname: str, rec: Any, src: str, off: int, starts: dict[int, int],
-                   out: list) -> None:
-        closed = self.windows.add(wname, rec, src, off, starts)
-        if closed:
-            self._emit_windows(closed, out)
-
-    def _emit_windows(self, closed: list, out: list) -> None:
-        """Windows onto ``out``, packed: one that closes right after a window of the same
-        job joins its message (up to ``windows_per_message``), so a partition still gets
-        its records in the order they closed."""
-        wt = topic_for(self.topics, "window")
-        k = self.opts.windows_per_message
-        for s in closed:
-            key, value = key_for(s, self.topics), to_json(s).encode()
-            if k > 1 and out:
-                topic, last_key, last = out[-1]
-                if topic == wt and last_key == key and last.count(b"\n") + 1 < k:
-                    out[-1] = (wt, key, last + b"\n" + value)
-                    continue
-            out.append((wt, key, value))
-
-    def _quarantine(self, q: Quarantined, out: list) -> None:
-        self.metrics.quarantined.labels(q.stage, q.reason).inc()
-        self.quarantined_total += 1
-        # "replace": a spool file name that is not UTF-8 comes back from the file system
-        # with surrogate escapes, which must not make the forwarder raise.
-        line = to_json(q).encode("utf-8", "replace")
-        try:
-            if self.quarantine_fd is None:
-                private.makedirs(os.path.dirname(self.quarantine_path))
-                self.quarantine_fd = private.open_append(self.quarantine_path)
-            os.write(self.quarantine_fd, line + b"\n")
-        except OSError as e:  # the file is a convenience copy: the topic has it all
-            self.disk.failed("quarantine", self.quarantine_path, e)
-        else:
-            self.disk.ok("quarantine")
-        out.append((self.topics.quarantine, q.source.encode("utf-8", "replace"), line))
+                "prom": dict(self.prom.sent), "closed_before": self.windows.closed_before()}
 
     def _stream_ids(self) -> set[str]:
-        return {sid for _, t in self.sources for sid in t.stream_ids}
-
-    def _read_spool(self, chunks: list, out: list, ops: dict,
-                    horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
-        """Process polled chunks up to each stream's horizon; (lines used, streams given
-        back). Lines past a stream's horizon are given back to the tailer."""
-        # The hot path of the forwarder: keep per-line work to parse, window, group.
-        windows = self.windows
-        wadd = windows.windowers["spool"].add
-        opened, prune = windows.opened, windows.prune
-        window_ns = self.window_ns
-        fast_op = FastOpRecord
-        sid_of = self.spool.stream_id
-        st = self.aligned
-        st_time = st.time
-        n = 0
-        now = self.clock()
-        future = int(now * 1e9) + self.max_future_ns
-        stopped: set[str] = set()
-        rewound: set[str] = set()
-        for chunk in chunks:
-            src = chunk.source
-            sid = sid_of(src)
-            if sid in stopped:  # a stream given back: so is the rest of what was polled
-                if src not in rewound:
-                    self.spool.rewind(src, chunk.offset)
-                    rewound.add(src)
-                continue
-            # A stream not known yet gives its first timed record back (a probe).
-            hz = horizon if sid in st_time else -1
-            hi = -1
-            gave = -1
-            st.path[sid] = src
-            floor = self.floor.get(src, -1)
-            starts = windows.starts(src)
-            raws = chunk.raws
-            self.last_seen[src] = now
-            want = self._dir_job(src) if self.check_job else None
-            ok_job = None  # the last job seen to match `want` in this chunk
-            # A chunk of one cut or unterminated line says where that line ended.
-            ends = [chunk.next_offset] if len(raws) == 1 else None
-            off = chunk.offset
-            used = 0
-            for raw in raws:
-                nxt = off + len(raw) + 1 if ends is None else ends[0]
-                rec = parse(raw, src, off)
-                if want is not None and (job := getattr(rec, "job", ok_job)) != ok_job:
-                    if safe_filename(job) == want:
-                        ok_job = job
-                    else:
-                        rec = self._wrong_job(job, raw, src, off)
-                if type(rec) is fast_op and (end := rec.start_ns + rec.exec_ns) > future:
-                    rec = self._ahead_of_clock(end, now, raw, src, off)
-                if type(rec) is fast_op:
-                    if end > hz:
-                        gave = end
-                        break
-                    if end > hi:
-                        hi = end
-                    ws = end - end % window_ns  # NodeWindows.add, inlined: once per op
-                    if ws not in starts:
-                        opened("spool", rec, src, off, starts, ws)
-                    closed = wadd(rec)
-                    if closed:
-                        self._emit_windows(closed, out)
-                        prune(("spool", (rec.job, rec.host, rec.pid)))
-                    if nxt > floor:
-                        key = op_group(rec.job, rec.comm)
-                        group = ops.get(key)
-                        if group is None:
-                            ops[key] = [raw]
-                        else:
-                            group.append(raw)
-                else:
-                    kind = rec.KIND
-                    t = (rec.start_ns + rec.exec_ns if kind == "op"
-                         else rec.ts_ns if kind == "throughput" else -1)
-                    if t > future:
-                        rec, t, kind = self._ahead_of_clock(t, now, raw, src, off), -1, "quarantined"
-                    if t > hz:
-                        gave = t
-                        break
-                    if t > hi:
-                        hi = t
-                    if nxt > floor:
-                        self._route_other(rec, raw, src, off, out, ops)
-                    elif kind == "op":  # an op that took the slow path, replayed
-                        self._window_op("spool", rec, src, off, starts, out)
-                off = nxt
-                used += 1
-            n += used
-            if gave >= 0:
-                self.spool.rewind(src, off)
-                rewound.add(src)
-                stopped.add(sid)
-                st_time[sid] = gave
-            elif hi >= 0:
-                t = st_time.get(sid, -1)
-                if hi > t:
-                    st_time[sid] = hi
-            if floor >= 0 and off >= floor:
-                del self.floor[src]
-        return n, stopped
-
-    def _dir_job(self, src: str) -> str | None:
-        """The safe name of the job whose spool directory holds ``src`` (None directly
-        in the spool directory: no job to check against)."""
-        d = os.path.dirname(src)
-        want = self._dir_jobs.get(d, "")
-        if want == "":
-            if len(self._dir_jobs) > 65536:
-                self._dir_jobs.clear()
-            inside = os.path.normpath(d) != os.path.normpath(self.spool.spool_dir)
-            want = self._dir_jobs[d] = os.path.basename(d) if inside else None
-        return want
-
-    def _wrong_job(self, job: str, raw: bytes, src: str, off: int) -> Quarantined:
-        return Quarantined(stage="origin", reason="wrong_job",
-                           detail=f"record of job {job!r} in the spool directory of another job "
-                                  "(ingest.spool_trust=owner)",
-                           source=src, offset=off, raw=raw[:4096].decode("utf-8", errors="replace"))
-
-    def _ahead_of_clock(self, t_ns: int, now: float, raw: bytes, src: str, off: int) -> Quarantined:
-        ahead = t_ns / 1e9 - now
-        return Quarantined(stage="schema", reason="out_of_range",
-                           detail=f"record time {ahead:.0f} s ahead of this reader's clock "
-                                  f"(ingest.max_future_s={self.cfg.ingest.max_future_s:g})",
-                           source=src, offset=off, raw=raw[:4096].decode("utf-8", errors="replace"))
-
-    def _route_other(self, rec: Any, raw: bytes, src: str, off: int, out: list,
-                     ops: dict) -> None:
-        """Everything but a fast-path op (slow-path records, quarantine, other kinds)."""
-        kind = rec.KIND
-        if kind == "op":
-            self._window_op("spool", rec, src, off, self.windows.starts(src), out)
-            ops.setdefault(op_group(rec.job, rec.comm), []).append(raw)
-            return
-        if kind == "quarantined":
-            self._quarantine(rec, out)
-            return
-        if kind == "drop":
-            self.metrics.plugin_drops(rec.job, rec.host, rec.pid, rec.reason, rec.total)
-        elif kind == "plugin_stats":
-            for reason, total in rec.dropped.items():
-                if isinstance(total, int):
-                    self.metrics.plugin_drops(rec.job, rec.host, rec.pid, reason, total)
-        out.append((topic_for(self.topics, kind), key_for(rec), raw))
-
-    def _inspector_job(self, src: str) -> str:
-        job = self.inspector_jobs.get(src)
-        if job is None:
-            job = self.opts.job or inspector_job(Path(os.path.abspath(src))) or job_id()
-            self.inspector_jobs[src] = job
-        return job
-
-    def _read_inspector(self, chunks: list, out: list, ops: dict,
-                        horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
-        """Inspector lines -> ops, up to each file's horizon (as :meth:`_read_spool`)."""
-        n = 0
-        now = self.clock()
-        st = self.aligned
-        stopped: set[str] = set()
-        for chunk in chunks:
-            src = chunk.source
-            if src in stopped:  # given back: so is the rest of what was polled
-                continue
-            hz = horizon if src in st.time else -1  # a file not known yet is probed
-            hi = -1
-            st.path[src] = src
-            floor = self.floor.get(src, -1)
-            starts = self.windows.starts(src)
-            job = self._inspector_job(src)
-            self.last_seen[src] = now
-            for line in chunk.lines():
-                send = line.next_offset > floor
-                try:
-                    rec = op_from_inspector(line.raw, job=job)
-                except NotAnOp as e:  # a dump_stats marker: no op, nothing wrong
-                    n += 1
-                    self.inspector_skipped[e.what] += 1
-                    continue
-                except InspectorError as e:
-                    n += 1
-                    if send:
-                        stage = "parse" if e.reason in ("not_json", "not_utf8") else "schema"
-                        if len(line.raw) > self.spool.max_line_bytes:
-                            e = InspectorError("too_long", f"line of {len(line.raw)}+ bytes")
-                            stage = "size"
-                        self._quarantine(quarantine(e, line.raw, src, line.offset, stage), out)
-                    continue
-                end = rec.start_ns + rec.exec_ns
-                if end > now * 1e9 + self.max_future_ns:
-                    n += 1
-                    if send:
-                        self._quarantine(self._ahead_of_clock(end, now, line.raw, src, line.offset), out)
-                    continue
-                if end > hz:
-                    self.inspector.rewind(src, line.offset)
-                    stopped.add(src)
-                    st.time[src] = end
-                    break
-                n += 1
-                hi = max(hi, end)
-                self._window_op("inspector", rec, src, line.offset, starts, out)
-                if send:
-                    ops.setdefault(op_group(rec.job, rec.comm), []).append(to_json(rec).encode())
-            else:
-                if hi > st.time.get(src, -1):
-                    st.time[src] = hi
-                if chunk.next_offset >= floor:
-                    self.floor.pop(src, None)
-        return n, stopped
-
-    def _read_trainlog(self, chunks: list, out: list, ops: dict,
-                       horizon: int = NO_LIMIT) -> tuple[int, set[str]]:
-        """Training-log lines -> the job's throughput series, stamped with the lines' own
-        time (read time only for a line without one), the ranks' logs merged; a line
-        stamped past its file's horizon is given back (as :meth:`_read_spool`)."""
-        n = 0
-        read_ns = time.time_ns()
-        st = self.aligned
-        stopped: set[str] = set()
-        for chunk in chunks:
-            src = chunk.source
-            if src in stopped:
-                continue
-            hz = horizon if src in st.time else -1  # a log not known yet is probed
-            hi = -1
-            st.path[src] = src
-            floor = self.floor.get(src, -1)
-            parser = self.tp_logs.parser(src)
-            for line in chunk.lines():
-                if line.next_offset <= floor or len(line.raw) > self.spool.max_line_bytes:
-                    if parser.megatron is not None and line.next_offset <= floor:
-                        # sent before a restart: the arguments it printed still count
-                        parser.megatron.read(line.raw.decode("utf-8", errors="replace"))
-                    n += 1
-                    continue
-                untimed = parser.untimed
-                rec = parser.parse(line.raw.decode("utf-8", errors="replace"), read_ns)
-                if rec is not None and parser.untimed == untimed:  # its own time
-                    if rec.ts_ns > hz:
-                        self.trainlog.rewind(src, line.offset)
-                        stopped.add(src)
-                        st.time[src] = rec.ts_ns
-                        break
-                    hi = max(hi, rec.ts_ns)
-                n += 1
-                if rec is not None:
-                    self.tp_merge.add(src, rec)
-            else:
-                if hi > st.time.get(src, -1):
-                    st.time[src] = hi
-                if chunk.next_offset >= floor:
-                    self.floor.pop(src, None)
-        # Every log was read up to the earliest of their times (the aligned read).
-        times = [st.time.get(p) for p in self.tp_merge.sources]
-        until = None if not times or None in times else min(times)
-        self._emit_throughput(self.tp_merge.release(until), out)
-        return n, stopped
-
-    def _emit_throughput(self, records: list, out: list) -> None:
-        for rec in records:
-            out.append((topic_for(self.topics, "throughput"), key_for(rec), to_json(rec).encode()))
-
-    def _poll_prom(self, out: list) -> int:
-        n = 0
-        now = self.clock()
-        for d in self.opts.inspector_dirs:
-            for path in sorted(glob.glob(os.path.join(d, "*.prom"))):
-                try:
-                    st = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                sig = [st.st_ino, st.st_mtime_ns, st.st_size]
-                prev = self.prom_sent.get(path)
-                if prev == sig or st.st_size == 0:
-                    continue
-                if now - st.st_mtime_ns / 1e9 < self.opts.prom_settle_s:
-                    continue  # Inspector may still be writing it
-                with open(path, "rb") as f:
-                    data = f.read()
-                end_ns = st.st_mtime_ns
-                start_ns = prev[1] if prev and prev[0] == st.st_ino and prev[1] < end_ns else (
-                    end_ns - int(self.opts.prom_interval_s * 1e9))
-                wins, bad = windows_from_prom(data, start_ns=start_ns, end_ns=end_ns, source=path)
-                self._emit_windows(wins, out)
-                for q in bad:
-                    self._quarantine(q, out)
-                self.prom_sent[path] = sig
-                n += len(wins) + len(bad)
-                self.metrics.read.labels("inspector_prom").inc(len(wins) + len(bad))
-        return n
+        return {sid for s in self.sources for sid in s.tailer.stream_ids}
 
     def _read_batch(self) -> tuple[Batch | None, int]:
         """Read up to batch_size lines from all sources into one batch."""
@@ -552,19 +217,17 @@ class Forwarder:
         ops: dict[str, list[bytes]] = {}
         budget = self.opts.batch_size
         total = 0
-        for name, tailer in self.sources:
+        for source in self.sources:
             if budget <= 0:
                 break
-            read = (self._read_spool if name == "spool" else self._read_inspector
-                    if name == "inspector_json" else self._read_trainlog)
-            n = self.reads.read(tailer, read, budget, out, ops, self._stream_ids)
-            self.metrics.read.labels(name).inc(n)
+            n = self.reads.read(source.tailer, source.read, budget, out, ops, self._stream_ids)
+            self.metrics.read.labels(source.name).inc(n)
             budget -= n
             total += n
         now = self.clock()
         if self.opts.inspector_dirs and now - self.last_prom >= self.opts.prom_poll_s:
             self.last_prom = now
-            total += self._poll_prom(out)
+            total += self.prom.poll(out)
         if total == 0 and not out:
             return None, 0
         out.extend(self._pack(ops))
@@ -595,7 +258,7 @@ class Forwarder:
         c = d.committed
         if c is None:
             c = {"acked": dict(self.acked), "window_from": dict(self.window_from),
-                 "inodes": {}, "prom": dict(self.prom_sent),
+                 "inodes": {}, "prom": dict(self.prom.sent),
                  "closed_before": self.initial_closed_before}
             d.committed = c
         state = {"version": 1, **c, "buffer": list(d.buffer.position)}
@@ -643,13 +306,13 @@ class Forwarder:
         last_seen, idle_s = self.last_seen, self.opts.idle_flush_s
         flushed = self.windows.idle(lambda src: force or now - last_seen.get(src, 0) >= idle_s)
         if flushed:
-            self._emit_windows(flushed, out)
+            self.intake.emit_windows(flushed, out)
         if force:  # the input is complete: iterations some rank never logged go too
-            self._emit_throughput(self.tp_merge.flush(), out)
+            self.trainlog.flush(out)
         return out
 
     def _gauges(self) -> None:
-        self.metrics.bytes_behind.set(sum(t.bytes_behind() for _, t in self.sources))
+        self.metrics.bytes_behind.set(sum(s.tailer.bytes_behind() for s in self.sources))
         self.metrics.buffer_bytes.set(self.delivery.buffer.pending_bytes)
         self.metrics.untrusted_files.set(len(self.spool.untrusted))
         late = self.windows.late_total
@@ -663,8 +326,8 @@ class Forwarder:
             return
         self.last_progress = now
         sys.stderr.write(
-            f"\rread={self.read_total} sent={self.delivery.sent_total} quarantined={self.quarantined_total}"
-            f" behind={sum(t.bytes_behind() for _, t in self.sources)}B"
+            f"\rread={self.read_total} sent={self.delivery.sent_total} quarantined={self.quarantine.total}"
+            f" behind={sum(s.tailer.bytes_behind() for s in self.sources)}B"
             f" buffer={self.delivery.buffer.pending_bytes}B mode={self.delivery.mode}   ")
         sys.stderr.flush()
 
@@ -734,11 +397,13 @@ class Forwarder:
         self.delivery.finish(self.opts.shutdown_timeout_s)
         self._checkpoint(force=True)
         log.info("event=stop read=%d sent=%d quarantined=%d buffer_bytes=%d",
-                 self.read_total, self.delivery.sent_total, self.quarantined_total,
+                 self.read_total, self.delivery.sent_total, self.quarantine.total,
                  self.delivery.buffer.pending_bytes)
-        if self.inspector_skipped or self.tp_merge.late:
+        skipped = self.inspector.skipped if self.inspector is not None else {}
+        late = self.trainlog.logs.merge.late
+        if skipped or late:
             log.info("event=lines_without_a_record inspector=%s training_log_late=%d",
-                     dict(self.inspector_skipped), self.tp_merge.late)
+                     dict(skipped), late)
         if sys.stderr.isatty():
             sys.stderr.write("\n")
         if self.delivery.fatal:
@@ -747,11 +412,9 @@ class Forwarder:
         return 0
 
     def close(self) -> None:
-        for _, t in self.sources:
-            t.close()
-        if self.quarantine_fd is not None:
-            os.close(self.quarantine_fd)
-            self.quarantine_fd = None
+        for source in self.sources:
+            source.tailer.close()
+        self.quarantine.close()
         self.delivery.close()
 
 

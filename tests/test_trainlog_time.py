@@ -134,7 +134,7 @@ def test_the_forwarder_stamps_training_log_lines_with_their_own_time_and_reads_e
     fwd = Forwarder(cfg, opts, metrics=ForwarderMetrics())
     try:
         out: list = []
-        fwd.reads.read(fwd.trainlog, fwd._read_trainlog, 1000, out, {}, fwd._stream_ids)
+        fwd.reads.read(fwd.trainlog.tailer, fwd.trainlog.read, 1000, out, {}, fwd._stream_ids)
         out += fwd._flush_idle(force=True)
     finally:
         fwd.close()
