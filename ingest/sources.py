@@ -135,6 +135,28 @@ class Intake:
         if closed:
             self.emit_windows(closed, out)
 
+    # A file source's chunk (an Inspector log, a training log: one stream per file).
+
+    def open_file(self, src: str, horizon: int) -> tuple[int, int]:
+        """``(horizon, floor)`` for a chunk of ``src``; a file not known yet is probed
+        (horizon -1: its first timed line is given back)."""
+        st = self.times
+        st.path[src] = src
+        return (horizon if src in st.time else -1), self.floor.get(src, -1)
+
+    def give_back(self, tailer: FileTailer, src: str, offset: int, t_ns: int, stopped: set[str]) -> None:
+        """A line stamped ``t_ns`` past the horizon: ``src`` is read again from it later."""
+        tailer.rewind(src, offset)
+        stopped.add(src)
+        self.times.time[src] = t_ns
+
+    def read_through(self, src: str, hi: int, next_offset: int, floor: int) -> None:
+        """A chunk of ``src`` used to its end: its time is its newest record's."""
+        if hi > self.times.time.get(src, -1):
+            self.times.time[src] = hi
+        if next_offset >= floor:
+            self.floor.pop(src, None)
+
     def ahead_of_clock(self, t_ns: int, now: float, raw: bytes, src: str, off: int) -> Quarantined:
         ahead = t_ns / 1e9 - now
         return Quarantined(stage="schema", reason="out_of_range",
@@ -333,16 +355,13 @@ class InspectorSource:
         n = 0
         now = intake.clock()
         future = now * 1e9 + intake.max_future_ns
-        st = intake.times
         stopped: set[str] = set()
         for chunk in chunks:
             src = chunk.source
             if src in stopped:  # given back: so is the rest of what was polled
                 continue
-            hz = horizon if src in st.time else -1  # a file not known yet is probed
+            hz, floor = intake.open_file(src, horizon)
             hi = -1
-            st.path[src] = src
-            floor = intake.floor.get(src, -1)
             starts = intake.windows.starts(src)
             job = self.job_of(src)
             intake.last_seen[src] = now
@@ -370,9 +389,7 @@ class InspectorSource:
                         intake.quarantine.put(intake.ahead_of_clock(end, now, line.raw, src, line.offset), out)
                     continue
                 if end > hz:
-                    self.tailer.rewind(src, line.offset)
-                    stopped.add(src)
-                    st.time[src] = end
+                    intake.give_back(self.tailer, src, line.offset, end, stopped)
                     break
                 n += 1
                 hi = max(hi, end)
@@ -380,10 +397,7 @@ class InspectorSource:
                 if send:
                     ops.setdefault(op_group(rec.job, rec.comm), []).append(to_json(rec).encode())
             else:
-                if hi > st.time.get(src, -1):
-                    st.time[src] = hi
-                if chunk.next_offset >= floor:
-                    intake.floor.pop(src, None)
+                intake.read_through(src, hi, chunk.next_offset, floor)
         return n, stopped
 
 
@@ -412,10 +426,8 @@ class TrainlogSource:
             src = chunk.source
             if src in stopped:
                 continue
-            hz = horizon if src in st.time else -1  # a log not known yet is probed
+            hz, floor = intake.open_file(src, horizon)
             hi = -1
-            st.path[src] = src
-            floor = intake.floor.get(src, -1)
             parser = self.logs.parser(src)
             for line in chunk.lines():
                 if line.next_offset <= floor or len(line.raw) > intake.max_line_bytes:
@@ -428,19 +440,14 @@ class TrainlogSource:
                 rec = parser.parse(line.raw.decode("utf-8", errors="replace"), read_ns)
                 if rec is not None and parser.untimed == untimed:  # its own time
                     if rec.ts_ns > hz:
-                        self.tailer.rewind(src, line.offset)
-                        stopped.add(src)
-                        st.time[src] = rec.ts_ns
+                        intake.give_back(self.tailer, src, line.offset, rec.ts_ns, stopped)
                         break
                     hi = max(hi, rec.ts_ns)
                 n += 1
                 if rec is not None:
                     merge.add(src, rec)
             else:
-                if hi > st.time.get(src, -1):
-                    st.time[src] = hi
-                if chunk.next_offset >= floor:
-                    intake.floor.pop(src, None)
+                intake.read_through(src, hi, chunk.next_offset, floor)
         # Every log was read up to the earliest of their times (the aligned read).
         times = [st.time.get(p) for p in merge.sources]
         until = None if not times or None in times else min(times)
