@@ -179,6 +179,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-27", "2×H100, pipeline `Send`/`Recv`"),
     ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
+    ("2026-11-28-x4", "4×H200: two or four pretend nodes"),
 )
 
 
@@ -533,30 +534,63 @@ one slow network ramp is found 5 s later (51.3 s at most, from 46.3).
 """
 
 
-def gpu_runs_2026_11_28_x2_section() -> str:
-    """The held-out 2-GPU batch of 2026-11-28."""
+def batches_section(folder: str, title: str, batches: list[tuple[str, str, str]],
+                    recorded_again: dict[str, str] | None = None) -> str:
+    """A folder of held-out batches (``split.json``): per batch its heading, its text and
+    its table; ``recorded_again``: batch -> a subfolder holding the same plan recorded a
+    second time (its table follows, not counted)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import eval_gpu_runs
 
-    root = eval_gpu_runs.FIXTURES.parent / "2026-11-28-x2"
-    split = json.loads((root / "split.json").read_text())
-    rows = judged("2026-11-28-x2")
-    batches = [  # (heading, text, split)
+    split = json.loads((eval_gpu_runs.FIXTURES.parent / folder / "split.json").read_text())
+    rows = judged(folder)
+    out = [f"## {title}\n"]
+    for heading, text, name in batches:
+        out += [f"### {heading}\n", text, eval_gpu_runs.markdown([rows[n] for n in sorted(split[name])]), ""]
+        if again_in := (recorded_again or {}).get(name):
+            again = judged(f"{folder}/{again_in}")
+            out += [f"The same plan recorded a second time (`{again_in}/`, not counted above):\n",
+                    eval_gpu_runs.markdown([again[n] for n in sorted(again)]), ""]
+    return "\n".join(out)
+
+
+def gpu_runs_2026_11_28_x2_section() -> str:
+    """The held-out 2-GPU batches of 2026-11-28."""
+    return batches_section("2026-11-28-x2", "Recorded GPU runs of 2026-11-28 on two GPUs, held out", [
         ("First batch", GPU_RUNS_11_28_X2, "heldout"),
         ("Second batch, held out for the change the first led to", GPU_RUNS_11_28_X2_SECOND, "heldout_2"),
         ("Third batch, held out", GPU_RUNS_11_28_X2_THIRD, "heldout_3"),
         ("Fourth batch, held out, recorded twice", GPU_RUNS_11_28_X2_FOURTH, "heldout_4"),
         ("Fifth batch, held out: faults inside one node", GPU_RUNS_11_28_X2_FIFTH, "heldout_5"),
         ("Sixth batch, held out", GPU_RUNS_11_28_X2_SIXTH, "heldout_6"),
-    ]
-    out = ["## Recorded GPU runs of 2026-11-28 on two GPUs, held out\n"]
-    for heading, text, name in batches:
-        out += [f"### {heading}\n", text, eval_gpu_runs.markdown([rows[n] for n in sorted(split[name])]), ""]
-        if name == "heldout_4":
-            again = judged("2026-11-28-x2/replicate-ah")
-            out += ["The same plan recorded a second time (`replicate-ah/`, not counted above):\n",
-                    eval_gpu_runs.markdown([again[n] for n in sorted(again)]), ""]
-    return "\n".join(out)
+    ], recorded_again={"heldout_4": "replicate-ah"})
+
+
+def gpu_runs_2026_11_28_x4_section() -> str:
+    """The held-out 4×H200 batches of 2026-11-28."""
+    return batches_section("2026-11-28-x4", "Recorded GPU runs of 2026-11-28 on four H200s, held out", [
+        ("First batch", GPU_RUNS_11_28_X4_FIRST, "heldout"),
+        ("Second batch: smaller faults", GPU_RUNS_11_28_X4_SECOND, "heldout_2"),
+    ])
+
+
+GPU_RUNS_11_28_X4_FIRST = """The first 4-GPU runs on H200 (`tests/fixtures/gpu_runs/2026-11-28-x4`, plan
+`bench/scenarios/plans/2026-11-28-ak.json`; the README there has the details): two or
+four pretend nodes; a rate stepped 32 -> 16 Gbit/s and a 1.4x straggler through
+Inspector, proxy starvation on four pretend nodes through Inspector, every rank 1.2x
+slower, a 14 Gbit/s throttle, a GPU shared 40 % on four pretend nodes, clean with
+pipeline Send/Recv. Judged once by `d493b0f`: **7 of 7**.
+"""
+
+
+GPU_RUNS_11_28_X4_SECOND = """The second batch (plan `2026-11-28-al.json`): a GPU shared 25 % and a 1.2x straggler
+(under the gate) through Inspector, clean on four pretend nodes, 16 competing sockets
+(under the gate), an 8-s 1.3x straggler on the rank that reports throughput, a 40 Gbit/s
+throttle, 3-s throttle pulses on four pretend nodes. Judged once by `d493b0f`: **6 of
+7**. The miss: the shared GPU's rank, late on the mixed communicator only (the other
+node's ranks waited 14-21 % longer, its own node peer 3-6 %), taken for the job's own
+drop (`throughput_drop`). Not changed.
+"""
 
 
 GPU_RUNS_11_28_X2_SIXTH = """The sixth batch (plan `2026-11-28-aj.json`, five 40-s runs): a 32 Gbit/s throttle and 32
@@ -646,6 +680,7 @@ def render(work: Path) -> str:
         gpu_runs_2026_11_27_section(),
         gpu_runs_2026_11_27_x4_section(),
         gpu_runs_2026_11_28_x2_section(),
+        gpu_runs_2026_11_28_x4_section(),
         RULES,
     ])
 

@@ -1,0 +1,48 @@
+"""Real 4×H200 runs of 2026-11-28, held out: two batches of the 4-GPU layouts (two or
+four pretend nodes), each judged once (7 of 7, then 6 of 7);
+tests/fixtures/gpu_runs/2026-11-28-x4 has the README."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
+
+FIXTURES = fixtures("2026-11-28-x4")
+SPLIT = split_of(FIXTURES)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return judge(FIXTURES)
+
+
+def test_the_split_is_the_directory():
+    check_split_is_the_directory(FIXTURES)
+
+
+def test_the_first_batch(rows):
+    """7 of 7 (plan `ak`): a two-step ramp through Inspector, a 1.4x straggler through
+    Inspector, proxy starvation on four pretend nodes, every rank 1.2x slower, a
+    throttle, a GPU shared 40 %, clean with pipeline Send/Recv."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout"]), table
+    for name in ("i4-ramp-32-16-ak", "i4n4-cpu-k2-ak", "p4-tc-14g-ak"):
+        assert rows[name]["got"] == "network_path" and rows[name]["severity"] == "critical", table
+    assert rows["i4-strag-r2-1.4x-ak"]["got"] == "straggler rank 0", table  # global rank 2
+    assert rows["p4n4-gpuhog-g3-0.4-ak"]["got"] == "straggler rank 3", table
+    assert rows["p4-slow-all-1.2x-ak"]["got"] == "throughput_drop", table
+    assert rows["p4-pp-clean-ak"]["got"] == "-" and rows["p4-pp-clean-ak"]["false_alerts"] == [], table
+
+
+def test_the_second_batch(rows):
+    """6 of 7 (plan `al`: smaller faults). The miss: a GPU shared 25 % through Inspector,
+    its rank late on the mixed communicator only, taken for the job's own drop."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_2"])])
+    assert [n for n in SPLIT["heldout_2"] if not rows[n]["ok"]] == ["i4-gpuhog-g1-0.25-al"], table
+    r = rows["i4-gpuhog-g1-0.25-al"]
+    assert r["got"] == "-" and [a.split("@")[0] for a in r["false_alerts"]] == ["throughput_drop"], table
+    assert rows["p4-strag-r0-1.3x-8s-al"]["got"] == "straggler rank 0", table
+    for name in ("p4-tc-40g-al", "p4n4-pulse-3-3-tc-20g-al"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    for name in ("i4-strag-r1-1.2x-al", "p4-sock-n16-al", "i4n4-clean-al"):  # under the gate, clean
+        assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table
