@@ -1,5 +1,5 @@
-"""Real 4×H200 runs of 2026-11-28, held out: two batches of the 4-GPU layouts (two or
-four pretend nodes), each judged once (7 of 7, then 6 of 7);
+"""Real 4×H200 runs of 2026-11-28, held out: three batches of the 4-GPU layouts (two or
+four pretend nodes, or one NVLink node of four), each judged once (7 of 7, 6 of 7, 7 of 7);
 tests/fixtures/gpu_runs/2026-11-28-x4 has the README."""
 
 from __future__ import annotations
@@ -46,3 +46,17 @@ def test_the_second_batch(rows):
         assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
     for name in ("i4-strag-r1-1.2x-al", "p4-sock-n16-al", "i4n4-clean-al"):  # under the gate, clean
         assert rows[name]["got"] == "-" and rows[name]["false_alerts"] == [], table
+
+
+def test_the_third_batch(rows):
+    """7 of 7 (plan `am`): one NVLink node of four (a straggler, clean, host-memory copies
+    under SHM through Inspector), every rank 1.3x slower and a late throttle through
+    Inspector, a throttle with pipeline Send/Recv, a 48 -> 24 -> 12 Gbit/s ramp."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_3"]), table
+    for name in ("i4-tc-24g-late-am", "p4-pp-tc-16g-am", "p4-ramp-48-24-12-am"):
+        assert rows[name]["got"] == "network_path" and rows[name]["delay_s"] <= 5.0, table
+    assert rows["i4n1-shm-membw-24-am"]["got"] == "intra_node", table
+    assert rows["p4n1-strag-r2-1.3x-am"]["got"] == "straggler rank 2", table
+    assert rows["i4-slow-all-1.3x-am"]["got"] == "throughput_drop", table
+    assert rows["p4n1-clean-am"]["got"] == "-" and rows["p4n1-clean-am"]["false_alerts"] == [], table

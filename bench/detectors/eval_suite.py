@@ -179,7 +179,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-27", "2×H100, pipeline `Send`/`Recv`"),
     ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
-    ("2026-11-28-x4", "4×H200: two or four pretend nodes"),
+    ("2026-11-28-x4", "4×H200: two or four pretend nodes, or one NVLink node of four"),
 )
 
 
@@ -571,6 +571,7 @@ def gpu_runs_2026_11_28_x4_section() -> str:
     return batches_section("2026-11-28-x4", "Recorded GPU runs of 2026-11-28 on four H200s, held out", [
         ("First batch", GPU_RUNS_11_28_X4_FIRST, "heldout"),
         ("Second batch: smaller faults", GPU_RUNS_11_28_X4_SECOND, "heldout_2"),
+        ("Third batch: one NVLink node of four, and kinds the first two lacked", GPU_RUNS_11_28_X4_THIRD, "heldout_3"),
     ])
 
 
@@ -580,6 +581,15 @@ four pretend nodes; a rate stepped 32 -> 16 Gbit/s and a 1.4x straggler through
 Inspector, proxy starvation on four pretend nodes through Inspector, every rank 1.2x
 slower, a 14 Gbit/s throttle, a GPU shared 40 % on four pretend nodes, clean with
 pipeline Send/Recv. Judged once by `d493b0f`: **7 of 7**.
+"""
+
+
+GPU_RUNS_11_28_X4_THIRD = """The third batch (plan `2026-11-28-am.json`): on one NVLink node of four a 1.3x straggler,
+host-memory copies under the SHM transport through Inspector (labelled by
+`measure_fault.py`: the transfers 12-19 % slower) and clean; every rank 1.3x slower and a
+throttle from 26 s through Inspector; a throttle with pipeline Send/Recv; a rate stepped
+48 -> 24 -> 12 Gbit/s, found 3.3 s after its first step. Judged once by `0fc3859`:
+**7 of 7**.
 """
 
 
