@@ -572,6 +572,7 @@ def gpu_runs_2026_11_28_x4_section() -> str:
         ("First batch", GPU_RUNS_11_28_X4_FIRST, "heldout"),
         ("Second batch: smaller faults", GPU_RUNS_11_28_X4_SECOND, "heldout_2"),
         ("Third batch: one NVLink node of four, and kinds the first two lacked", GPU_RUNS_11_28_X4_THIRD, "heldout_3"),
+        ("Fourth batch: four short runs", GPU_RUNS_11_28_X4_FOURTH, "heldout_4"),
     ])
 
 
@@ -581,6 +582,18 @@ four pretend nodes; a rate stepped 32 -> 16 Gbit/s and a 1.4x straggler through
 Inspector, proxy starvation on four pretend nodes through Inspector, every rank 1.2x
 slower, a 14 Gbit/s throttle, a GPU shared 40 % on four pretend nodes, clean with
 pipeline Send/Recv. Judged once by `d493b0f`: **7 of 7**.
+"""
+
+
+GPU_RUNS_11_28_X4_FOURTH = """The fourth batch (plan `2026-11-28-an.json`, four 40-s runs with the device time left):
+2-s throttle pulses and a GPU shared 30 % on four pretend nodes through Inspector,
+proxy starvation half the time, a 1.1x straggler (under the gate). Judged once by
+`e28e1d7`: **1 of 4**. The pulses found 5.8 s in; the shared GPU raised as a straggler,
+which its ranks' kernel times show (they held while every other rank's rose 45-70 %)
+but `measure_fault.py`'s shared-GPU rule labelled the job's own drop; the 1.1x
+straggler raised, with a `network_path`, when the loopback network slowed on its own in
+the fault's last seconds and the job lost ~9 %. Not changed (the fixtures README has the
+account, and why the labelling rule was left as it is).
 """
 
 
