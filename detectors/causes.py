@@ -87,12 +87,16 @@ def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:
     communicator has the slow GPU, 2026-11-28).
 
     A straggler that its own communicator's link trouble holds back
-    (:func:`link_trouble`, ``late`` as there) explains nothing: it is the link's
-    echo, and taking the link incident for its echo in turn would hold both."""
+    (:func:`link_trouble`, ``late`` as there), or that is held as this very
+    incident's echo (:func:`echoed_links`: both began in one window), explains
+    nothing: taking the link incident for its echo in turn would hold both, and a
+    fault that slows both the transfers and the ranks (another process's copies over
+    a node's NVLink) would never be raised."""
     for s in job.incidents.values():
         if s.type != "straggler" or s.start_ns > inc.start_ns or s.rank is None:
             continue
-        if not s.confirmed and link_trouble(job, s.evidence.get("comm"), late):
+        if not s.confirmed and (link_trouble(job, s.evidence.get("comm"), late)
+                                or inc in echoed_links(job, s)):
             continue
         # its key, or (one named across keys) a key of the communicator it names
         named = named_key(job, s) or next(

@@ -194,6 +194,12 @@ class IncidentBook:
             want = "intra_node"
         elif net_bad:
             want = "network_path"
+        elif nv_bad and self._only_echoes(job, inc):
+            # Every straggler that would explain the dip is held as this incident's echo
+            # in turn: one of them must be the cause, or a fault that slows a node's
+            # NVLink and makes its ranks late (another process's copies over it) is
+            # never raised at all. The transfer that slowed on its least-waiting rank is.
+            want = "intra_node"
         else:
             # A few NVLink keys dipping while most hold is not the node's NVLink: it is
             # what a late rank does to the operation it is late for (the straggler is
@@ -230,6 +236,14 @@ class IncidentBook:
             if ks is not None and len(gk) == 4:
                 ks.incident = inc.id
         return True
+
+    @staticmethod
+    def _only_echoes(job: JobState, inc: Incident) -> bool:
+        """The job has straggler incidents, none raised, and each is held as an echo of
+        ``inc`` (:func:`~.causes.echoed_links`): a late rank cannot be what explains
+        ``inc`` when ``inc`` is what explains the late rank."""
+        late = [s for s in job.incidents.values() if s.type == "straggler"]
+        return bool(late) and all(not s.confirmed and inc in echoed_links(job, s) for s in late)
 
     def open(self, job: JobState, v: Verdict, start: int, ks: KeyView | None) -> Incident:
         cfg = self.cfg
