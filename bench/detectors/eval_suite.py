@@ -573,7 +573,33 @@ def gpu_runs_2026_11_28_x4_section() -> str:
         ("Second batch: smaller faults", GPU_RUNS_11_28_X4_SECOND, "heldout_2"),
         ("Third batch: one NVLink node of four, and kinds the first two lacked", GPU_RUNS_11_28_X4_THIRD, "heldout_3"),
         ("Fourth batch: four short runs", GPU_RUNS_11_28_X4_FOURTH, "heldout_4"),
+        ("Fifth batch: other job shapes and sizes, NVLink copies", GPU_RUNS_11_28_X4_FIFTH, "heldout_5"),
+        ("Sixth batch: NVLink copies and what they could be taken for, held out", GPU_RUNS_11_28_X4_SIXTH,
+         "heldout_6"),
     ])
+
+
+GPU_RUNS_11_28_X4_FIFTH = """The fifth batch (plan `2026-11-28-ao.json`): a 1.6x straggler on four pretend nodes and
+48 competing sockets through Inspector, a 28 Gbit/s throttle on a compute-heavier job,
+proxies starved from 22 s, a 6-s 2x straggler, clean on a communication-bound job through
+Inspector, another process's NVLink copies between GPUs 2 and 3 of one node. Judged once
+by `8228787`: **5 of 7**. The copies: an `intra_node` incident (ReduceScatter's
+least-waiting rank 44 % slower) and a straggler (GPUs 0 and 1 waiting for 2 and 3) opened
+in one window and each held the other as its echo; nothing was raised for 25 s.
+`be3bbcd`: a straggler held as this very incident's echo explains nothing, so the link
+is raised (3.0 s in); no other recorded run changed. The sockets (5.6 %, the network keys
+5-15 % slower, never three windows in a row) stay taken for the job's own drop.
+"""
+
+
+GPU_RUNS_11_28_X4_SIXTH = """The sixth batch (plan `2026-11-28-ap.json`, recorded after `be3bbcd` and held out for it):
+NVLink copies both ways between GPUs 0 and 1 and (through Inspector) 1 and 2 of one node,
+one way across pretend nodes (no loss), a 1.67x straggler on one node, a 1.5x straggler
+through Inspector, a GPU shared 50 % on one node, a throttle on four pretend nodes.
+Judged once by `be3bbcd`: **5 of 7** (`8228787` the same): both runs of copies that cost
+the job 11-14 % raised as a straggler on one of the two GPUs they slow, the straggler
+confirmed before any link key sustained its drop. Not changed.
+"""
 
 
 GPU_RUNS_11_28_X4_FIRST = """The first 4-GPU runs on H200 (`tests/fixtures/gpu_runs/2026-11-28-x4`, plan
