@@ -104,15 +104,17 @@ def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:
         if named is None:
             continue
         host, proc = named.rank_host.get(s.rank), processes(named).get(s.rank)
+        # where its GPU is not known, communicators a process late on its host may share it
+        shared = comms_late_on(job, host) if proc is None or proc[1].startswith("pid ") else set()
         members = [job.keys.get(m[:4]) for m in inc.members]
-        if not members or not all(has_process(v, host, proc) for v in members):
+        if not members or not all(has_process(v, host, proc, shared) for v in members):
             continue
-        if any(v.transport == "nvlink" and degraded_now(v) and has_process(v, host, proc)
+        if any(v.transport == "nvlink" and degraded_now(v) and has_process(v, host, proc, shared)
                for v in job.keys.values()):
             return True
         since = job.watermark - job.recent_ns
         without = [v for v in job.keys.values() if v.transport in NETWORK_TRANSPORTS and v.warm
-                   and v.last_end_ns >= since and not has_process(v, host, proc)]
+                   and v.last_end_ns >= since and not has_process(v, host, proc, shared)]
         if without and not any(degraded_now(v) for v in without):
             return True
         if not without and s.confirmed and s.start_ns < inc.start_ns:
@@ -121,6 +123,36 @@ def slow_gpu_echo(job: JobState, inc: Incident, late: float) -> bool:
             # slower GPU slows the transfers it takes part in: one cause, not two.
             return True
     return False
+
+def comms_late_on(job: JobState, host: str | None) -> set[str]:
+    """Communicators whose ranks now wait for one of them on ``host`` whose GPU no
+    window names: where it is not known, that process may share the straggler's GPU.
+
+    A GPU can hold two ranks' processes (two communicators' ranks, or two ranks of one
+    with ``NCCL_MULTI_RANK_GPU_ENABLE``), and NCCL Inspector's records name no GPU: a
+    slower GPU then makes a second process late, in communicators the straggler's is
+    not in, and slows the transfers it takes part in there. Only ranks on the
+    straggler's host whose GPU is unknown count: one on another GPU is its own story.
+
+    >>> from types import SimpleNamespace as K
+    >>> late = K(firing=True, streak=3, sustain=3)
+    >>> def key(comm, gpus, scores):
+    ...     return K(comm=comm, rank_host={0: "a", 1: "a"}, rank_gpu=gpus, spread_rule=late,
+    ...              spread_scores=scores)
+    >>> job = K(keys={1: key("net", {}, [[1, 0.4], [0, -0.5]]),
+    ...               2: key("nv", {1: "GPU-1"}, [[1, 0.4], [0, -0.5]])})
+    >>> sorted(comms_late_on(job, "a")), sorted(comms_late_on(job, "b"))
+    (['net'], [])
+    """
+    out: set[str] = set()
+    for v in job.keys.values():
+        if v.comm in out or not v.spread_scores or not rule_degraded(v.spread_rule):
+            continue
+        r = v.spread_scores[0][0]
+        if v.rank_host.get(r) == host and v.rank_gpu.get(r, UNKNOWN_GPU) in ("", UNKNOWN_GPU):
+            out.add(v.comm)
+    return out
+
 
 def name_late_process(job: JobState, inc: Incident) -> None:
     """Name the process every communicator's spread points at (:func:`late_process`),
@@ -202,11 +234,14 @@ def process_evidence(view: Any, rank: int) -> dict[str, Any]:
     return out
 
 
-def has_process(view: KeyView | None, host: str | None, proc: tuple[str, str] | None) -> bool:
+def has_process(view: KeyView | None, host: str | None, proc: tuple[str, str] | None,
+                also: set[str] | frozenset[str] = frozenset()) -> bool:
     """The key has process ``proc`` among its ranks (:func:`processes`), or, where the
-    process is not known, a rank on ``host``."""
+    process is not known, a rank on ``host``; or its communicator is one of ``also``."""
     if view is None:
         return False
+    if view.comm in also:
+        return True
     if proc is None:
         return host in view.rank_host.values()
     return proc in processes(view).values()
