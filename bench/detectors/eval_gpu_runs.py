@@ -209,9 +209,35 @@ def names_straggler(ev: Any, fault: dict, run_info: dict) -> bool:
     return run_info["ranks"][str(global_rank)]["gpu"] == fault["gpu"]
 
 
-def judge(run: Path, events: list[Any], max_delay_s: float) -> dict[str, Any]:
-    labels = json.loads((run / "labels.json").read_text())
-    faults = labels["faults"]
+def fault_as(f: dict, labels: str) -> dict:
+    """The fault as judged: measured (as labelled) or as injected.
+
+    ``bench/scenarios/measure_fault.py`` rewrites a label to what the fault did (peer
+    copies that left NCCL's transfers alone and slowed two GPUs' compute are not an
+    ``intra_node`` fault to the job) and keeps the injector's in ``injected_as``;
+    ``labels="injected"`` judges by that one, as whoever injected it would.
+
+    >>> f = {"type": "throughput_drop", "attribution": "unknown",
+    ...      "injected_as": {"type": "intra_node", "attribution": "intra_node"}}
+    >>> fault_as(f, "measured")["type"], fault_as(f, "injected")["type"]
+    ('throughput_drop', 'intra_node')
+    """
+    if labels == "injected" and "injected_as" in f:
+        return {**f, **f["injected_as"]}
+    return f
+
+
+def judge(run: Path, events: list[Any], max_delay_s: float, labels: str = "measured") -> dict[str, Any]:
+    """One run's row. Judged by measured labels, a relabelled run's row also says
+    whether the events would be right by the injected one (``ok_injected``)."""
+    labelled = json.loads((run / "labels.json").read_text())["faults"]
+    row = _judge(run, [fault_as(f, labels) for f in labelled], events, max_delay_s)
+    if labels == "measured" and any("injected_as" in f for f in labelled):
+        row["ok_injected"] = _judge(run, [fault_as(f, "injected") for f in labelled], events, max_delay_s)["ok"]
+    return row
+
+
+def _judge(run: Path, faults: list[dict], events: list[Any], max_delay_s: float) -> dict[str, Any]:
     incs = incidents(events)
     run_info = json.loads((run / "run.json").read_text())
     row: dict[str, Any] = {"run": run.name, "profiler": run_info.get("profiler", "ncclwatch")}
@@ -285,7 +311,7 @@ def unpacked(p: Path, tmp: Path) -> Path:
 def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
              detect: Callable[[Any, list], list] | None = None,
              emulate_sampling: int = 1, emulate_key_ms: int = 200,
-             log_interval_s: float = 0.0) -> list[dict[str, Any]]:
+             log_interval_s: float = 0.0, labels: str = "measured") -> list[dict[str, Any]]:
     detect = detect or (lambda c, recs: watch.detect(c, recs))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -298,7 +324,7 @@ def evaluate(paths: list[Path], cfg: Any, max_delay_s: float,
                 records = sampled_like_plugin(list(records), emulate_sampling, emulate_key_ms)
             if log_interval_s > 0:
                 records = coarser_throughput(list(records), log_interval_s)
-            rows.append(judge(run, detect(cfg, records), max_delay_s))
+            rows.append(judge(run, detect(cfg, records), max_delay_s, labels))
     return rows
 
 
@@ -329,11 +355,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="... and NCCLWATCH_TIMING_KEY_MS=MS")
     ap.add_argument("--emulate-log-interval-s", type=float, default=0.0, metavar="S",
                     help="replay runs as if throughput had been reported once per S seconds")
+    ap.add_argument("--labels", choices=("measured", "injected"), default="measured",
+                    help="judge relabelled runs by what the fault did (measured) or by what "
+                         "was injected")
     args = ap.parse_args(argv)
     cfg = config.load(None)
     rows = evaluate(run_dirs(args.paths, args.split), cfg, args.max_delay_s,
                     emulate_sampling=args.emulate_sampling, emulate_key_ms=args.emulate_key_ms,
-                    log_interval_s=args.emulate_log_interval_s)
+                    log_interval_s=args.emulate_log_interval_s, labels=args.labels)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1, default=str))
