@@ -119,6 +119,27 @@ def test_scenario_scripts_doctests_pass():
         assert result.failed == 0 and result.attempted > 0, mod.__name__
 
 
+def test_the_process_freezer_stops_a_process_part_of_the_time_and_always_lets_it_go():
+    import time
+
+    import faults
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        freezer = faults.ProcessFreezer(child.pid, duty=0.5, period_s=0.1)
+        freezer.start()
+        time.sleep(0.45)
+        freezer.stop()
+        state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert freezer.stops >= 3 and freezer.error == ""
+        assert state != "T"  # continued, not left stopped
+        with pytest.raises(ValueError):
+            faults.ProcessFreezer(child.pid, duty=1.0, period_s=0.1)
+    finally:
+        child.kill()
+        child.wait()
+
+
 # -- 1. the recordings ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", SCENARIOS)

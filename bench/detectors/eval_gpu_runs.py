@@ -67,9 +67,11 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     intermittent fault harmless (and a full second's settling left nothing of 1-s spans).
     """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
+    injections = json.loads((run / "run.json").read_text()).get("injections", ())
+    if any(i.get("injector") == "freeze" for i in injections):
+        return rate_drop(steps, start_ns, end_ns)
     before = [s["tflops_per_gpu"] for s in steps if s["ts_ns"] < start_ns]
-    spans = next((i["on_spans_ns"] for i in json.loads((run / "run.json").read_text()).get("injections", ())
-                  if i.get("on_spans_ns")), None)
+    spans = next((i["on_spans_ns"] for i in injections if i.get("on_spans_ns")), None)
     if spans:
         during = [s["tflops_per_gpu"] for s in steps
                   if any(a + min(PULSE_SETTLE_NS, (b - a) // 2) <= s["ts_ns"] <= b for a, b in spans)]
@@ -78,6 +80,33 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     if not before or not during:
         return 0.0
     return 1.0 - statistics.median(during) / statistics.median(before)
+
+
+def rate_drop(steps: list[dict], start_ns: int, end_ns: int) -> float:
+    """The loss of work done per second over [start + settle, end] against before it.
+
+    A process stopped for a fraction of every second (``freeze``) makes one step in a
+    few much longer and leaves the others as they were, so the median step's TFLOP/s
+    holds while the job does a fifth less work a second: its cost is the rate, each
+    step's TFLOP/s times its duration summed over the time.
+
+    >>> steps, t = [], 0.0
+    >>> for i in range(200):  # 10 TFLOP a step; from 10 s every third step stalls 0.1 s
+    ...     step_s = 0.2 if t >= 10 and i % 3 == 0 else 0.1
+    ...     t += step_s
+    ...     steps.append({"ts_ns": int(t * 1e9), "step_s": step_s, "tflops_per_gpu": 10 / step_s})
+    >>> round(rate_drop(steps, 10**10, 2 * 10**10), 2)
+    0.26
+    >>> statistics.median(s["tflops_per_gpu"] for s in steps if s["ts_ns"] > 12e9)  # the median holds
+    100.0
+    """
+    def rate(lo: int, hi: int) -> float | None:
+        work = sum(s["tflops_per_gpu"] * s["step_s"] for s in steps if lo <= s["ts_ns"] < hi)
+        return work / ((hi - lo) / 1e9) if hi > lo and work else None
+
+    first = min((s["ts_ns"] for s in steps), default=start_ns)
+    before, during = rate(first, start_ns), rate(start_ns + SETTLE_NS, end_ns)
+    return 0.0 if before is None or during is None else 1.0 - during / before
 
 
 def sources(run: Path) -> tuple[list[Path], Options]:

@@ -578,6 +578,8 @@ def gpu_runs_2026_11_28_x2_section() -> str:
         ("Seventh batch: kinds and sizes this layout lacked", GPU_RUNS_11_28_X2_SEVENTH, "heldout_7"),
         ("Eighth batch: GPUs shared and stragglers through Inspector, held out for the change the seventh led to",
          GPU_RUNS_11_28_X2_EIGHTH, "heldout_8"),
+        ("Ninth batch: a rank's process stopped part of the time, a kind no batch had", GPU_RUNS_11_28_X2_NINTH,
+         "heldout_9"),
     ], recorded_again={"heldout_4": "replicate-ah"})
 
 
@@ -690,6 +692,24 @@ for it: GPUs shared 50 % and 20 % and stragglers of 1.5x (an NVLink process) and
 sockets through Inspector, a GPU shared 30 % through the plugin. Judged once by
 `cebd4b9`: **7 of 7** (`e2f3362`, before it, the same). Worker = local event for event on
 both batches (25 events).
+"""
+
+
+GPU_RUNS_11_28_X2_NINTH = """The ninth batch (plan `2026-11-28-at.json`): one rank's process stopped (`SIGSTOP`, then
+`SIGCONT`) for 10–50 % of every 0.2–2 s, a host-side stall (page faults, a blocking data
+loader, a noisy neighbour), on each of the four processes, through both profilers. The
+job's median step keeps its TFLOP/s while one step in a few takes much longer, so these
+runs' loss is measured as work done per second (`eval_gpu_runs.rate_drop`): 18–49 %,
+and 3.7 % for the 10 % stall. Judged once by the detector of `3a5c639`: **1 of 7**. Every stall that
+cost the job was missed as the fault it is: five raised as the job's own
+`throughput_drop` (3.4–4.5 s in: the job slowed, and no key's median kernel time or
+spread moved, since most operations do not meet a stall), and a 1-s stall every 2 s
+(49 %) raised nothing (no throughput window slow three in a row). Kernel times cannot
+name the stopped rank here: `SIGSTOP` stops its NCCL proxy thread too, so on its network
+communicator *both* ranks' kernels run ~100 ms longer once in two windows (their max, not
+their median), as a stalled network path would look; its NVLink peers' kernels do not
+move. What tells it apart is on the host: the stopped process launches nothing for the
+stall while the others launch and wait. Not built.
 """
 
 

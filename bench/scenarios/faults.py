@@ -365,6 +365,42 @@ class RampedTc(LoopInjector):
                 "applied": bool(self.steps) and all(ok for _, _, ok in self.steps), "error": self.error}
 
 
+class ProcessFreezer(LoopInjector):
+    """One process stopped (``SIGSTOP``) for ``duty`` of every ``period_s`` and let go
+    (``SIGCONT``): a host-side stall, as a rank's page faults, a blocking data loader or
+    a noisy neighbour on its cores make one. Its GPU runs what was queued, then idles;
+    the other ranks wait for it in their next collective. Unlike the straggler scenario
+    (extra matmuls on its GPU) nothing on the GPU is slower."""
+
+    NAME = "freeze"
+
+    def __init__(self, pid: int, duty: float, period_s: float) -> None:
+        if not (0 < duty < 1 and period_s > 0):
+            raise ValueError("a freeze needs 0 < duty < 1 and a period > 0 s")
+        self.pid, self.duty, self.period_s = pid, duty, period_s
+        super().__init__()
+        self.stops = 0
+        self.error = ""
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                self.stops += 1
+                time.sleep(self.duty * self.period_s)  # never left stopped past stop()
+                os.kill(self.pid, signal.SIGCONT)
+                self._stop.wait((1 - self.duty) * self.period_s)
+        except OSError as e:
+            self.error = str(e)
+        finally:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGCONT)
+
+    def describe(self) -> dict:
+        return {"injector": "freeze", "pid": self.pid, "duty": self.duty, "period_s": self.period_s,
+                "stops": self.stops, "error": self.error}
+
+
 class Combined:
     """Several injectors started and stopped together."""
 

@@ -238,7 +238,9 @@ class Run:
         ``netem:loss=1%,dev=lo``, ``ramp:rates=48gbit/32gbit/20gbit/12gbit,step=5,dev=lo``
         (a tbf rate stepped down every ``step`` s), ``gpuhog:gpu=2,duty=1.0`` (another
         process's matmuls on GPU 2), ``pcie:gpu=0,streams=2,mib=256`` (another process's
-        host <-> GPU 0 copies) or ``membw:threads=8,mib=256`` (host memory copies)."""
+        host <-> GPU 0 copies), ``membw:threads=8,mib=256`` (host memory copies) or
+        ``freeze:rank=2,duty=0.2,period=0.5`` (global rank 2's process stopped 20 % of
+        every 0.5 s)."""
         parts = []
         pulse = None
         pids = [self.ranks[r]["pid"] for r in self.network_ranks()]
@@ -284,6 +286,9 @@ class Run:
             elif kind == "membw":
                 parts.append(faults.HostMemoryHog(int(kv.get("threads", 8)), int(kv.get("mib", 256)),
                                                   sys.executable))
+            elif kind == "freeze":
+                parts.append(faults.ProcessFreezer(self.ranks[int(kv.get("rank", 0))]["pid"],
+                                                   float(kv.get("duty", 0.2)), float(kv.get("period", 0.5))))
             elif kind == "pulse":
                 pulse = (float(kv.get("on", 4)), float(kv.get("off", 4)))
             else:
@@ -467,7 +472,7 @@ def machine_info() -> dict:
 
 # -- scenarios ------------------------------------------------------------------------
 
-INJECTED_SCENARIOS = ("congestion", "nvlink", "intra", "gpuhog")  # those --injector drives
+INJECTED_SCENARIOS = ("congestion", "nvlink", "intra", "gpuhog", "freeze")  # those --injector drives
 
 def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = None) -> Path:
     run = Run(args, name or scenario, scenario)
@@ -498,6 +503,16 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
             run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
                        {"type": "straggler", "attribution": "straggler", "global_rank": ranks[0],
                         "global_ranks": ranks, "injector": args.injector})
+        elif scenario == "freeze":
+            # One rank's process stopped part of the time (freeze:rank=N): the straggler.
+            injector = run.congestion(args.injector)
+            inner = getattr(injector, "inner", injector)  # pulsed or not
+            rank = next(p.pid for p in getattr(inner, "parts", [inner])
+                        if isinstance(p, faults.ProcessFreezer))
+            rank = next(r for r, info in run.ranks.items() if info["pid"] == rank)
+            run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
+                       {"type": "straggler", "attribution": "straggler", "global_rank": rank,
+                        "global_ranks": [rank], "injector": args.injector})
         elif scenario == "straggler":
             ranks = [int(r) for r in str(args.straggler_rank).split(",")]
             run.straggle(ranks, args.straggler_extra, args.fault_start_s,
@@ -626,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("command", choices=("run", "calibrate", "suite"))
     p.add_argument("--scenario", default="clean",
-                   choices=("clean", "congestion", "nvlink", "intra", "straggler", "gpuhog"))
+                   choices=("clean", "congestion", "nvlink", "intra", "straggler", "gpuhog", "freeze"))
     p.add_argument("--scenarios", nargs="+", default=["clean", "congestion", "straggler"])
     p.add_argument("--name")
     p.add_argument("--out", default="/tmp/ncclwatch-runs")
