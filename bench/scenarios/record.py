@@ -507,9 +507,9 @@ def run_scenario(args: argparse.Namespace, scenario: str, name: str | None = Non
             # One rank's process stopped part of the time (freeze:rank=N): the straggler.
             injector = run.congestion(args.injector)
             inner = getattr(injector, "inner", injector)  # pulsed or not
-            rank = next(p.pid for p in getattr(inner, "parts", [inner])
-                        if isinstance(p, faults.ProcessFreezer))
-            rank = next(r for r, info in run.ranks.items() if info["pid"] == rank)
+            pid = next(p.pid for p in getattr(inner, "parts", [inner])
+                       if isinstance(p, faults.ProcessFreezer))
+            rank = next(r for r, info in run.ranks.items() if info["pid"] == pid)
             run.inject(injector, args.fault_start_s, args.fault_start_s + args.fault_duration_s,
                        {"type": "straggler", "attribution": "straggler", "global_rank": rank,
                         "global_ranks": [rank], "injector": args.injector})
