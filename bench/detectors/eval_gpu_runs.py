@@ -5,7 +5,8 @@ For every run of ``tests/fixtures/gpu_runs/2026-11-23`` (or the directories give
 * **truth** comes from the run itself: ``labels.json`` (what was injected, when) and the
   job's own step timings (``ctl/steps.jsonl``), which give the *measured* throughput
   loss of each fault: the median TFLOP/s per GPU over the fault (its first 2 s left out)
-  against the median before it;
+  against the median before it (for a process stopped part of the time, ``freeze``,
+  the work done per second instead: :func:`rate_drop`);
 * a fault costing at least ``--gate`` (5 %) must be detected, with the right attribution
   (``network_path`` for a network fault; ``straggler`` naming a process on the slow GPU
   for a straggler), within ``--max-delay-s`` of its start; its severity must be
@@ -65,6 +66,8 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     was on, each after ``PULSE_SETTLE_NS`` or half the span, whichever is shorter: the
     median over the whole period would pick the off half of the steps and call an
     intermittent fault harmless (and a full second's settling left nothing of 1-s spans).
+    A run whose injection stopped a process part of the time (``freeze``) is measured by
+    :func:`rate_drop`: its stalls lengthen a few steps and leave the median alone.
     """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
     injections = json.loads((run / "run.json").read_text()).get("injections", ())
