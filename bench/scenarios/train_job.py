@@ -17,7 +17,10 @@ One step, for every layer of processes (host layer first, then pretend layer):
   and an AllReduce of activations (``tp``), after them a ReduceScatter of gradients
   (``fsdp``); then one AllReduce of a gradient bucket (``dp``) when the process has such
   a communicator;
-* ``torch.cuda.synchronize()`` and a barrier over the world's gloo group.
+* ``torch.cuda.synchronize()`` and a barrier over the world's gloo group
+  (``--step-sync nccl``: over an NCCL communicator of every process, as Megatron-LM's
+  barriers and loss reductions are, so that waiting for a late process lands in NCCL's
+  kernels rather than in gloo).
 
 The layers run one after the other (``--phases serial``, the default) because on one
 machine two processes share each GPU: run together, their kernels would time-slice and a
@@ -64,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-layer", choices=("auto", "on", "off"), default="auto",
                    help="add one process per GPU with the machine's host id (NVLink-only)")
     p.add_argument("--phases", choices=("serial", "concurrent"), default="serial")
+    p.add_argument("--step-sync", choices=("gloo", "nccl"), default="gloo",
+                   help="what the per-step control exchange and phase barriers run on: gloo "
+                        "(the waiting for a late process lands outside NCCL) or an NCCL "
+                        "communicator of every process (as Megatron-LM's barriers and loss "
+                        "reductions do: the waiting lands in NCCL's kernels)")
     p.add_argument("--duration-s", type=float, default=60.0,
                    help="measured run time after the warm-up")
     p.add_argument("--warmup-steps", type=int, default=15)
@@ -122,6 +130,10 @@ class Job:
                                    group_desc=comm.name)
             if self.rank in comm.ranks:
                 self.groups[comm.name] = group
+        # The step's synchronisation: gloo's world group, or an NCCL one of every process.
+        self.sync_group = None
+        if self.cuda and args.step_sync == "nccl":
+            self.sync_group = dist.new_group(list(range(world)), backend="nccl", group_desc="sync")
         self.my_comms = self.topo.comms_of(self.rank)
         self.role = {}
         for comm in self.my_comms:
@@ -243,8 +255,20 @@ class Job:
                 mask = sum(1 << int(r) for r in ranks)
                 extra = int(spec["extra_matmuls"])
             ctl[0], ctl[1], ctl[2] = int(stop), mask, extra
-        self.dist.all_reduce(ctl)  # SUM over the gloo world: everyone gets rank 0's values
+        if self.sync_group is None:
+            self.dist.all_reduce(ctl)  # SUM over the gloo world: everyone gets rank 0's values
+        else:
+            ctl = ctl.to(self.device)
+            self.dist.all_reduce(ctl, group=self.sync_group)
+            ctl = ctl.cpu()  # waits for the kernel, as a loss's .item() does
         return bool(ctl[0]), int(ctl[1]), int(ctl[2])
+
+    def _barrier(self) -> None:
+        if self.sync_group is None:
+            self.dist.barrier()
+        else:
+            self.dist.barrier(group=self.sync_group, device_ids=[self.me.gpu])
+            self.torch.cuda.synchronize()
 
     def _megatron_line(self, step: int, step_s: float, tflops: float) -> str:
         """One iteration line as Megatron-LM prints it, local wall-clock time first."""
@@ -318,7 +342,7 @@ class Job:
                 t0 = time.monotonic()
                 if phase in ("all", self.me.layer):
                     self.work(mine)
-                dist.barrier()
+                self._barrier()
                 phase_s.append(time.monotonic() - t0)
             last_straggler = straggler_mask
             t_prev = t_step
