@@ -13,7 +13,9 @@ gap is a pause, not a rate). The window series feeds:
 - a :class:`~.baseline.RatioBaseline` (same warm-up and protection as bus bandwidth:
   the pipeline holds degraded steps back and never feeds it a sustained drop);
 - a :class:`~.sustained.SustainedRule` at ``throughput_drop`` for ``throughput_drop``
-  anomalies (the job slowed while NCCL did not: "not NCCL");
+  anomalies (the job slowed while NCCL did not: "not NCCL"), flapping too: a job slowed
+  a second at a time fires on ``throughput_flap_count`` windows losing
+  ``throughput_flap_threshold`` among its last ``flap_windows``;
 - a bounded history used for ``throughput_delta``: mean TFLOP/s over an anomaly
   against the mean over the minute before it.
 """
@@ -44,6 +46,9 @@ def _rule_params(cfg: DetectorConfig) -> dict[str, Any]:
         "sustain": cfg.sustain_windows,
         "recover_threshold": cfg.throughput_drop / 2,
         "recover": cfg.recover_windows,
+        "flap_count": cfg.throughput_flap_count,
+        "flap_windows": cfg.flap_windows,
+        "flap_threshold": cfg.throughput_flap_threshold,
     }
 
 

@@ -165,6 +165,8 @@ class ThroughputDrops:
             {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
              "after_comm_anomaly": job.tp_suppressed}
         )
+        if tp.rule.flapping:
+            inc.evidence["flapping"] = True  # slow windows with healthy ones between
         job.tp_suppressed = False
         detected = max(job.watermark, tp.ts_ns)
         inc.detected_ns = detected

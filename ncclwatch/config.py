@@ -213,6 +213,13 @@ class DetectorConfig:
     # A comm anomaly is raised only once it costs the job this much of its throughput
     # (and is then critical); NCCL slowing down without costing the job is no page.
     throughput_drop: float = 0.05
+    # A job slowed a second at a time (a GPU taken in bursts, a process stopped now and
+    # then) never holds `sustain_windows` slow windows in a row, yet loses as much: its
+    # throughput also fires on `throughput_flap_count` windows losing at least
+    # `throughput_flap_threshold` among its last `flap_windows` (not all of one streak;
+    # a two-window dip stays a dip). 0 turns it off.
+    throughput_flap_count: int = 2
+    throughput_flap_threshold: float = 0.2
     # A sustained throughput drop waits this many windows past the one that completed it
     # for the comm windows of its time to show a cause (a key degraded since the drop
     # began) before it is raised as "not NCCL".
@@ -303,6 +310,12 @@ class DetectorConfig:
         if self.flap_count and not self.threshold <= self.flap_threshold < 1.0:
             raise ValueError(f"detector.flap_threshold must be in [threshold = {self.threshold}, 1), "
                              f"got {self.flap_threshold}")
+        if self.throughput_flap_count and not 2 <= self.throughput_flap_count <= self.flap_windows:
+            raise ValueError("detector.throughput_flap_count must be 0 or in [2, flap_windows = "
+                             f"{self.flap_windows}], got {self.throughput_flap_count}")
+        if self.throughput_flap_count and not self.throughput_drop <= self.throughput_flap_threshold < 1.0:
+            raise ValueError("detector.throughput_flap_threshold must be in [throughput_drop = "
+                             f"{self.throughput_drop}, 1), got {self.throughput_flap_threshold}")
 
 
 @dataclass(frozen=True)

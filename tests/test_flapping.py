@@ -17,6 +17,7 @@ from ncclwatch_testkit import scenarios
 
 from ncclwatch import config
 from ncclwatch.config import DetectorConfig
+from ncclwatch.records import ThroughputRecord
 
 FLAP = {"threshold": 0.1, "sustain": 3, "recover_threshold": 0.05, "recover": 3,
         "flap_count": 2, "flap_windows": 6, "flap_threshold": 0.5}
@@ -154,3 +155,34 @@ def _verdict_with(fired):
         spread_transition=None, spread_effect=0.0, exec_ns_p50=10**6, host=None, warm=True,
         baseline_after=50.0, closed_before=1, rule=(True, 0, 0, None),
         spread_rule=(False, 0, None, None), fired=fired)
+
+
+@pytest.mark.parametrize("params", [
+    {"throughput_flap_count": 1},
+    {"throughput_flap_count": 7, "flap_windows": 6},
+    {"throughput_flap_threshold": 0.01},
+    {"throughput_flap_threshold": 1.0},
+])
+def test_bad_throughput_flap_parameters_are_refused(params):
+    with pytest.raises(ValueError, match="detector.throughput_flap_"):
+        DetectorConfig(**params)
+
+
+def test_the_jobs_throughput_flaps_too_and_its_drop_says_so():
+    """A job 30 % slower every other second (a GPU taken 1 s in 2): never three slow
+    windows in a row, raised as its own drop on the second slow window, marked flapping;
+    with the job's flapping rule off, nothing."""
+    def events(cfg: DetectorConfig) -> list:
+        steps = []
+        for i in range(400):  # 10 steps a second; from 30 s every other second 30 % slower
+            t = i * 10**8
+            slow = t >= 30 * 10**9 and (t // 10**9) % 2 == 0
+            steps.append(ThroughputRecord(job="j", host="h", rank=-1, ts_ns=t, step=i,
+                                          tflops_per_gpu=210.0 if slow else 300.0,
+                                          tokens_per_s=None, source="api"))
+        return detect_all(steps, cfg)
+
+    (ev, *rest) = events(DetectorConfig())
+    assert ev.type == "throughput_drop" and ev.state == "firing" and ev.evidence["flapping"] is True
+    assert 31 * 10**9 <= ev.detected_ns <= 33 * 10**9, ev.detected_ns
+    assert events(DetectorConfig(throughput_flap_count=0)) == []

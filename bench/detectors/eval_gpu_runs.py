@@ -5,8 +5,9 @@ For every run of ``tests/fixtures/gpu_runs/2026-11-23`` (or the directories give
 * **truth** comes from the run itself: ``labels.json`` (what was injected, when) and the
   job's own step timings (``ctl/steps.jsonl``), which give the *measured* throughput
   loss of each fault: the median TFLOP/s per GPU over the fault (its first 2 s left out)
-  against the median before it (for a process stopped part of the time, ``freeze``,
-  the work done per second instead: :func:`rate_drop`);
+  against the median before it (for a process stopped part of the time, ``freeze``, or
+  a fault on for part of every second or more, the work done per second instead:
+  :func:`rate_drop`);
 * a fault costing at least ``--gate`` (5 %) must be detected, with the right attribution
   (``network_path`` for a network fault; ``straggler`` naming a process on the slow GPU
   for a straggler), within ``--max-delay-s`` of its start; its severity must be
@@ -57,6 +58,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_run
 GATE = 0.05
 SETTLE_NS = 2 * 10**9
 PULSE_SETTLE_NS = 10**9
+DUTY_PERIOD_S = 1.0  # a duty cycle this slow leaves whole steps untouched: measure the rate
 
 
 def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
@@ -66,12 +68,14 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     was on, each after ``PULSE_SETTLE_NS`` or half the span, whichever is shorter: the
     median over the whole period would pick the off half of the steps and call an
     intermittent fault harmless (and a full second's settling left nothing of 1-s spans).
-    A run whose injection stopped a process part of the time (``freeze``) is measured by
-    :func:`rate_drop`: its stalls lengthen a few steps and leave the median alone.
+    A run whose injection stopped a process part of the time (``freeze``), or was on for
+    part of every ``period_s`` of at least ``DUTY_PERIOD_S`` (a GPU taken a second at a
+    time), is measured by :func:`rate_drop`: its stalls lengthen some steps and leave the
+    others, and so the median, alone.
     """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
     injections = json.loads((run / "run.json").read_text()).get("injections", ())
-    if any(i.get("injector") == "freeze" for i in injections):
+    if any(i.get("injector") == "freeze" or i.get("period_s", 0) >= DUTY_PERIOD_S for i in injections):
         return rate_drop(steps, start_ns, end_ns)
     before = [s["tflops_per_gpu"] for s in steps if s["ts_ns"] < start_ns]
     spans = next((i["on_spans_ns"] for i in injections if i.get("on_spans_ns")), None)
