@@ -180,6 +180,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
     ("2026-11-28-x4", "4×H200: two or four pretend nodes, or one NVLink node of four"),
+    ("2026-11-29-x1", "1×H200: two pretend nodes sharing it, steps synchronised in NCCL"),
 )
 
 
@@ -597,6 +598,26 @@ def gpu_runs_2026_11_28_x4_section() -> str:
     ])
 
 
+def gpu_runs_2026_11_29_x1_section() -> str:
+    """The one-GPU runs of 2026-11-29 whose steps are synchronised in NCCL, held out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    rows = judged("2026-11-29-x1")
+    return "\n".join(["## Recorded GPU runs of 2026-11-29: steps synchronised in NCCL\n", GPU_RUNS_11_29_X1,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(rows)]), ""])
+
+
+GPU_RUNS_11_29_X1 = """5 real runs on one H200 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there;
+plan `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
+(`train_job.py --share-gpus`, one network communicator of two ranks), the step's
+barriers and control exchange in NCCL as Megatron-LM's are (`--step-sync nccl`; one run
+over gloo for comparison): clean through both profilers, an 8 Gbit/s throttle, one
+process stopped 30 % of every 0.5 s. Recorded and judged once by `80eecd1`: 4 of 5 (the
+stop taken for the job's own drop: on a network communicator its proxy stops too).
+"""
+
+
 GPU_RUNS_11_28_X4_SEVENTH = """The seventh batch (plan `2026-11-28-aq.json`, faults near the 5 % gate): a 44 Gbit/s
 throttle, a 1.2x straggler and 32 competing sockets through Inspector, every rank 1.1x
 slower, proxies starved 30 % of the time on four pretend nodes, a GPU shared 20 % through
@@ -801,6 +822,7 @@ def render(work: Path) -> str:
         gpu_runs_2026_11_27_x4_section(),
         gpu_runs_2026_11_28_x2_section(),
         gpu_runs_2026_11_28_x4_section(),
+        gpu_runs_2026_11_29_x1_section(),
         RULES,
     ])
 

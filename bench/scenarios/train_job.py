@@ -72,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(the waiting for a late process lands outside NCCL) or an NCCL "
                         "communicator of every process (as Megatron-LM's barriers and loss "
                         "reductions do: the waiting lands in NCCL's kernels)")
+    p.add_argument("--share-gpus", action="store_true",
+                   help="on a machine with fewer GPUs than --gpus, layout GPU g runs on device "
+                        "g mod the devices there (pretend nodes only: NCCL refuses two ranks "
+                        "of one host on one GPU)")
     p.add_argument("--duration-s", type=float, default=60.0,
                    help="measured run time after the warm-up")
     p.add_argument("--warmup-steps", type=int, default=15)
@@ -116,9 +120,12 @@ class Job:
 
         self.torch, self.dist = torch, dist
         self.cuda = args.device == "cuda"
+        self.gpu = self.me.gpu
+        if self.cuda and args.share_gpus:
+            self.gpu %= torch.cuda.device_count()
         if self.cuda:
-            torch.cuda.set_device(self.me.gpu)
-            self.device = torch.device("cuda", self.me.gpu)
+            torch.cuda.set_device(self.gpu)
+            self.device = torch.device("cuda", self.gpu)
             self.dtype = torch.bfloat16
         else:
             self.device = torch.device("cpu")
@@ -267,7 +274,7 @@ class Job:
         if self.sync_group is None:
             self.dist.barrier()
         else:
-            self.dist.barrier(group=self.sync_group, device_ids=[self.me.gpu])
+            self.dist.barrier(group=self.sync_group, device_ids=[self.gpu])
             self.torch.cuda.synchronize()
 
     def _megatron_line(self, step: int, step_s: float, tflops: float) -> str:
