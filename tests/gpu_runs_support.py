@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ncclwatch.config import load
 
@@ -13,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench" / "detectors"))
 import eval_gpu_runs  # noqa: E402
 
-__all__ = ["eval_gpu_runs", "fixtures", "judge", "split_of", "check_split_is_the_directory"]
+__all__ = ["eval_gpu_runs", "fixtures", "judge", "split_of", "check_split_is_the_directory", "recorded_set"]
 
 
 def fixtures(name: str) -> Path:
@@ -36,3 +40,22 @@ def check_split_is_the_directory(folder: Path) -> None:
     halves = [set(v) for v in split_of(folder).values()]
     assert {p.name.removesuffix(".tar.gz") for p in folder.glob("*.tar.gz")} == set().union(*halves)
     assert sum(map(len, halves)) == len(set().union(*halves))  # no run in two halves
+
+
+def recorded_set(name: str) -> tuple[Path, dict[str, list[str]], Any, Callable[[], None]]:
+    """What the test module of one recorded set starts with: its folder, its split, a
+    module-scoped ``rows`` fixture (every run judged once) and the test that the split is
+    the folder, to be bound to module names for pytest to collect::
+
+        FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-29-x1")
+    """
+    folder = fixtures(name)
+
+    @pytest.fixture(scope="module")
+    def rows() -> dict[str, dict]:
+        return judge(folder)
+
+    def test_the_split_is_the_directory() -> None:
+        check_split_is_the_directory(folder)
+
+    return folder, split_of(folder), rows, test_the_split_is_the_directory

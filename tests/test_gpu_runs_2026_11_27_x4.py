@@ -8,21 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
+from gpu_runs_support import eval_gpu_runs, recorded_set
 
 from ncclwatch.config import load
 
-FIXTURES = fixtures("2026-11-27-x4")
-SPLIT = split_of(FIXTURES)
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return judge(FIXTURES)
-
-
-def test_the_split_is_the_directory():
-    check_split_is_the_directory(FIXTURES)
+FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-27-x4")
 
 
 def test_the_first_batch_after_the_changes_it_led_to(rows):

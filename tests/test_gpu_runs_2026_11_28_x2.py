@@ -5,22 +5,11 @@ tests/fixtures/gpu_runs/2026-11-28-x2 has the README (nine batches, each judged 
 
 from __future__ import annotations
 
-import pytest
-from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
+from gpu_runs_support import eval_gpu_runs, judge, recorded_set
 
 from ncclwatch.config import load
 
-FIXTURES = fixtures("2026-11-28-x2")
-SPLIT = split_of(FIXTURES)
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return judge(FIXTURES)
-
-
-def test_the_split_is_the_directory():
-    check_split_is_the_directory(FIXTURES)
+FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-28-x2")
 
 
 def test_the_batch_as_it_is_now(rows):

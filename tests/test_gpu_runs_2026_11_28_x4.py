@@ -4,20 +4,9 @@ four pretend nodes, or one NVLink node of four), each judged once (7, 6 and 7 of
 
 from __future__ import annotations
 
-import pytest
-from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
+from gpu_runs_support import eval_gpu_runs, recorded_set
 
-FIXTURES = fixtures("2026-11-28-x4")
-SPLIT = split_of(FIXTURES)
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return judge(FIXTURES)
-
-
-def test_the_split_is_the_directory():
-    check_split_is_the_directory(FIXTURES)
+FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-28-x4")
 
 
 def test_the_first_batch(rows):

@@ -7,20 +7,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from gpu_runs_support import check_split_is_the_directory, eval_gpu_runs, fixtures, judge, split_of
+from gpu_runs_support import eval_gpu_runs, recorded_set
 from ncclwatch.ingest.recording import ReadStats, read_recording
 
-FIXTURES = fixtures("2026-11-29-x1")
-SPLIT = split_of(FIXTURES)
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return judge(FIXTURES)
-
-
-def test_the_split_is_the_directory():
-    check_split_is_the_directory(FIXTURES)
+FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-29-x1")
 
 
 def test_the_batch_as_first_judged(rows):
