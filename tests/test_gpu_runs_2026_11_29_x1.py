@@ -15,7 +15,7 @@ FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-2
 
 def test_the_batch_as_first_judged(rows):
     """4 of 5: a wait-dominated sync key raises nothing in a clean run through either
-    profiler, a throttle is found as fast as with gloo's barrier; a stopped process on a
+    profiler, a throttle is found within the 5-s bound; a stopped process on a
     network communicator is still the job's own drop (its proxy stops too)."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout"])])
     assert {n for n in SPLIT["heldout"] if not rows[n]["ok"]} == {"p1x2-sync-freeze-r1-0.3"}, table

@@ -369,7 +369,9 @@ class ProcessFreezer(LoopInjector):
     """One process stopped (``SIGSTOP``) for ``duty`` of every ``period_s`` and let go
     (``SIGCONT``): a host-side stall, as a rank's page faults, a blocking data loader or
     a noisy neighbour on its cores make one. Its GPU runs what was queued, then idles;
-    the other ranks wait for it in their next collective. Unlike the straggler scenario
+    the other ranks wait for it at their next synchronisation: an NCCL collective, or
+    with ``train_job.py``'s default gloo step barrier mostly in gloo, where no profiler
+    of NCCL sees the wait (``--step-sync nccl`` moves it). Unlike the straggler scenario
     (extra matmuls on its GPU) nothing on the GPU is slower."""
 
     NAME = "freeze"
