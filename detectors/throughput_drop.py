@@ -65,6 +65,12 @@ class ThroughputDrops:
             return True
         return False
 
+    def comm_incident(self, job: JobState) -> bool:
+        """A comm anomaly is raised and is NCCL's trouble (one opened but never confirmed
+        is not: nobody has been told of it)."""
+        return any(inc.type in COMM_TYPES and inc.confirmed and not self.book.excused(job, inc)
+                   for inc in job.incidents.values())
+
     def step(self, job: JobState, start: int, end: int, value: float, out: list, filled: bool = False) -> None:
         """One completed throughput window ``[start, end)`` with its mean TFLOP/s
         (``filled``: a later step's, which spans it: the baseline has it once)."""
@@ -99,20 +105,30 @@ class ThroughputDrops:
         elif transition == RESOLVE:
             job.tp_suppressed = False
             tp.pending_fire = None
-            tp.clear = 0
+            tp.clear = tp.held = 0
             if tinc is not None:
                 tinc.end_ns = tp.rule.end_ns
                 self.book.resolve(job, tinc, out)
         elif job.tp_suppressed and tp.rule.firing and tinc is None and tp.pending_fire is None:
             # A drop a comm anomaly explained: "not NCCL" only if it outlasts NCCL's
             # trouble by sustain_windows windows of its own.
-            if degraded and not trouble:
+            hold = cfg.throughput_hold_windows
+            tp.held = tp.held + 1 if hold and not self.comm_incident(job) else 0
+            if hold and tp.held >= hold:
+                # NCCL's trouble never became an anomaly of its own in all that time
+                # (keys dipping or dropping out alongside the job): a sustained loss is
+                # not left unsaid for want of a cause.
+                tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else start
+                tp.fire_ts, tp.clear = end, 0
+            elif degraded and not trouble:
                 if not tp.clear:
                     tp.clear_start = start
                 tp.clear += 1
                 if tp.clear >= cfg.sustain_windows:
                     tp.pending_fire, tp.fire_ts, tp.clear = tp.clear_start, end, 0
-            else:
+            elif trouble or not tp.rule.flapping:
+                # A flapping drop's healthy windows between its slow ones are the flap,
+                # not the drop ending: only NCCL's trouble starts the count over.
                 tp.clear = 0
         self.decide(job, out)
         self.book.refresh(job, out)
@@ -145,28 +161,35 @@ class ThroughputDrops:
         )
         if not ready:
             return
-        if self.comm_trouble(job, since_ns=tp.pending_fire):
+        held = tp.held
+        hold = self.cfg.throughput_hold_windows
+        if self.comm_incident(job) if hold and held >= hold else self.comm_trouble(job, since_ns=tp.pending_fire):
             # A comm anomaly carries the loss. If the drop outlasts it, _step re-arms.
             job.tp_suppressed = True
             tp.pending_fire = None
             return
+        tp.held = 0
         start = tp.pending_fire
         tp.pending_fire = None
         cfg = self.cfg
         base = tp.baseline.baseline
         inc = self.book.open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
-        # The steps that made the drop, whatever arrived since: same numbers in any driver.
-        observed, n = tp.mean(start, tp.fire_ts)
+        # The steps that made the drop, whatever arrived since: same numbers in any driver;
+        # the work done over their time, as the user counts a loss.
+        observed, n = tp.mean(start, tp.fire_ts, by_time=True)
         effect = 1.0 - observed / base if observed is not None and base else 0.0
         inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
         inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
-        inc.throughput_delta = tp.delta(start, tp.fire_ts)
+        inc.throughput_delta = tp.delta(start, tp.fire_ts, by_time=True)
         inc.evidence.update(
             {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
              "after_comm_anomaly": job.tp_suppressed}
         )
         if tp.rule.flapping:
             inc.evidence["flapping"] = True  # slow windows with healthy ones between
+        if hold and held >= hold:
+            # How long it waited for NCCL trouble that never became an anomaly.
+            inc.evidence["held_s"] = held * (job.window_ns or DEFAULT_WINDOW_NS) / 1e9
         job.tp_suppressed = False
         detected = max(job.watermark, tp.ts_ns)
         inc.detected_ns = detected

@@ -224,6 +224,10 @@ class DetectorConfig:
     # for the comm windows of its time to show a cause (a key degraded since the drop
     # began) before it is raised as "not NCCL".
     throughput_grace_windows: int = 1
+    # A drop held for NCCL's trouble (keys dipping or dropping out with it) that never
+    # becomes a comm anomaly of its own is raised as the job's own after this many
+    # windows: a sustained loss is never left unsaid for want of a cause. 0: held for good.
+    throughput_hold_windows: int = 10
     # For a job that reports no throughput: how large a sustained busbw loss must be
     # before it is raised (as a warning), since its cost cannot be measured.
     threshold_without_throughput: float = 0.25
@@ -290,6 +294,8 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         # The knobs of 2026-11-26; the older ones are checked where they are used.
+        if self.throughput_hold_windows < 0:
+            raise ValueError(f"detector.throughput_hold_windows must be >= 0, got {self.throughput_hold_windows}")
         if self.throughput_grace_windows < 0:
             raise ValueError(f"detector.throughput_grace_windows must be >= 0, got {self.throughput_grace_windows}")
         if not 0.0 <= self.straggler_min_wait < 1.0:

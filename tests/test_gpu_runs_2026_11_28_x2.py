@@ -162,7 +162,10 @@ def test_a_relabelled_run_judged_by_what_was_injected():
 def test_the_ninth_batch_as_it_is_now(rows):
     """1 of 7 as judged once (plan `at`: one rank's process stopped 10-50 % of the time).
     The misses are held as they are: the stalls that cost the job raised as its own
-    `throughput_drop` (five) or not at all (a 1-s stall every 2 s), never as the rank."""
+    `throughput_drop`, never as the rank. The 1-s stall every 2 s (49 %), not raised at
+    all when judged, is since `detector.throughput_hold_windows` raised 14 s in: its drop
+    was held for network keys that dropped out with the stopped process's proxy and never
+    became an anomaly."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_9"])])
     assert [n for n in SPLIT["heldout_9"] if rows[n]["ok"]] == ["p2-freeze-r0-0.1-at"], table
     for name in SPLIT["heldout_9"]:
@@ -171,7 +174,9 @@ def test_the_ninth_batch_as_it_is_now(rows):
             continue
         assert rows[name]["expected"] == "straggler" and rows[name]["drop"] >= 0.15, table
         alerts = [a.split("@")[0] for a in rows[name]["false_alerts"]]
-        assert alerts == ([] if name == "p2-freeze-r3-0.5-p2-at" else ["throughput_drop"]), table
+        assert alerts == ["throughput_drop"], table
+    late = float(rows["p2-freeze-r3-0.5-p2-at"]["false_alerts"][0].split("@+")[1].rstrip("s"))
+    assert 10.0 <= late <= 16.0, table  # held 10 windows, then raised
 
 
 def test_a_stall_is_measured_by_the_work_done_per_second_not_the_median_step():
