@@ -27,6 +27,25 @@ def test_the_batch_as_first_judged(rows):
     assert rows["p1x2-sync-freeze-r1-0.3"]["false_alerts"] == ["throughput_drop@+3.6s"], table
 
 
+def test_the_second_batch_as_judged(rows):
+    """2 of 6 as judged once by 38ed03d (plan `aw`, held out for the hold rule): proxy
+    starvation found, a 60-s clean run quiet; a ramp and pulses each raised as a
+    `network_path` and, for its first key, a `collective_degraded` (no NVLink key holds
+    in this layout); the stops raised as `collective_degraded` (1 s in 2) and as the
+    job's drop before the straggler (through Inspector)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_2"])])
+    assert sorted(n for n in SPLIT["heldout_2"] if rows[n]["ok"]) == [
+        "p1x2-sync-clean-60", "p1x2-sync-cpu-k1-d0.5"], table
+    for name in ("p1x2-sync-ramp-24-12-6", "i1x2-sync-pulse-2-2-tc-8g"):
+        r = rows[name]
+        assert (r["got"], r["severity"]) == ("network_path", "critical"), table
+        assert [a.split("@")[0] for a in r["false_alerts"]] == ["collective_degraded"], table
+    r = rows["p1x2-sync-freeze-r0-0.5-p2"]
+    assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("-", ["collective_degraded"]), table
+    r = rows["i1x2-sync-freeze-r1-0.3"]
+    assert [a.split("@")[0] for a in r["false_alerts"]] == ["throughput_drop", "straggler"], table
+
+
 @pytest.mark.parametrize("name", ["p1x2-sync-clean", "i1x2-sync-clean"])
 def test_the_steps_are_synchronised_in_nccl(name, tmp_path):
     """The runs hold what they are for: a communicator of tiny AllReduces every step

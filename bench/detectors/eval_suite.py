@@ -604,8 +604,11 @@ def gpu_runs_2026_11_29_x1_section() -> str:
     import eval_gpu_runs
 
     rows = judged("2026-11-29-x1")
+    split = json.loads((GPU_RUNS / "2026-11-29-x1" / "split.json").read_text())
     return "\n".join(["## Recorded GPU runs of 2026-11-29: steps synchronised in NCCL\n", GPU_RUNS_11_29_X1,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(rows)]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout"])]), "",
+                      GPU_RUNS_11_29_X1_SECOND,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]), ""])
 
 
 GPU_RUNS_11_29_X1 = """5 real runs on one H200 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there;
@@ -615,6 +618,16 @@ barriers and control exchange in NCCL as Megatron-LM's are (`--step-sync nccl`; 
 over gloo for comparison): clean through both profilers, an 8 Gbit/s throttle, one
 process stopped 30 % of every 0.5 s. Recorded and judged once by `80eecd1`: 4 of 5 (the
 stop taken for the job's own drop: on a network communicator its proxy stops too).
+"""
+
+GPU_RUNS_11_29_X1_SECOND = """The second batch (plan `2026-11-29-aw.json`, held out for
+`detector.throughput_hold_windows`): a process stopped 1 s of every 2, and 30 % of every
+0.5 s through Inspector; a 24 → 12 → 6 Gbit/s ramp; 2-s throttle pulses through
+Inspector; proxies starved half the time; clean for 60 s. Judged once by `38ed03d`:
+**2 of 6** (the ramp and the pulses each also raised a `collective_degraded` for the
+first of their network keys, this layout having no NVLink key that holds; the stops
+raised as `collective_degraded` on the sync AllReduce, and as the job's drop 13.7 s in
+before the straggler 17.7 s in).
 """
 
 
