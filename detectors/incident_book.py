@@ -100,6 +100,11 @@ class IncidentBook:
                 return
         elif inc.peak < cfg.threshold_without_throughput:
             return  # no throughput, or none from before the incident (a cold start)
+        if inc.type == "collective_degraded":
+            if job.watermark <= inc.detected_ns:
+                return  # opened by its window's first key: the others may say "the path"
+            if not self.widened(job, inc):
+                return  # merged into the network incident
         if inc.type in LINK_TYPES:
             if not self.reattribute(job, inc):
                 return
@@ -167,26 +172,7 @@ class IncidentBook:
         Returns False while it names no class: only a minority of the NVLink keys
         dipping while the network keys hold.
         """
-        now = job.watermark
-        recent = job.recent_ns
-        # Keys that were degraded well before this incident began are another story.
-        since = inc.start_ns - self.early_span_ns(job)
-        nv_bad = nv_ok = net_bad = net_ok = 0
-        for k in job.keys.values():
-            if not k.warm or now - k.last_end_ns > recent:
-                continue
-            bad = k.incident == inc.id
-            if not bad and degraded_now(k):
-                started = k.rule.start_ns if k.rule.firing else None
-                if started is not None and started < since:
-                    continue
-                bad = True
-            if k.transport == "nvlink":
-                nv_bad += bad
-                nv_ok += not bad
-            elif k.transport in NETWORK_TRANSPORTS:
-                net_bad += bad
-                net_ok += not bad
+        nv_bad, nv_ok, net_bad, net_ok = self._class_counts(job, inc)
         # NVLink first (a node's trouble slows its mixed keys too), unless the network
         # keys degraded more widely: starved proxies slow every network key and one of
         # two NVLink keys, which is the network's trouble reaching into the node.
@@ -207,6 +193,50 @@ class IncidentBook:
             return False
         inc.evidence.update({"nvlink_keys_degraded": nv_bad, "nvlink_keys_holding": nv_ok,
                              "network_keys_degraded": net_bad})
+        return self._retype(job, inc, want)
+
+    def widened(self, job: JobState, inc: Incident) -> bool:
+        """A ``collective_degraded`` incident of network keys whose class has degraded
+        more widely since its key fired: it is the path's trouble (a job without
+        NVLink keys has no holding class to tell it sooner, so the first network key
+        to fire stands alone for a window or two). Retyped, or merged into the open
+        ``network_path`` incident (then False: it is gone)."""
+        if not inc.members or any(len(gk) != 4 or gk[3] not in NETWORK_TRANSPORTS for gk in inc.members):
+            return True
+        nv_bad, _, net_bad, _ = self._class_counts(job, inc)
+        if nv_bad or net_bad < 2:
+            return True
+        inc.evidence.update({"network_keys_degraded": net_bad, "widened_from": "collective_degraded"})
+        return self._retype(job, inc, "network_path")
+
+    def _class_counts(self, job: JobState, inc: Incident) -> tuple[int, int, int, int]:
+        """``(nvlink degraded, nvlink holding, network degraded, network holding)``
+        among the job's live keys, ``inc``'s own counted degraded."""
+        now = job.watermark
+        recent = job.recent_ns
+        # Keys that were degraded well before this incident began are another story.
+        since = inc.start_ns - self.early_span_ns(job)
+        nv_bad = nv_ok = net_bad = net_ok = 0
+        for k in job.keys.values():
+            if not k.warm or now - k.last_end_ns > recent:
+                continue
+            bad = k.incident == inc.id
+            if not bad and degraded_now(k):
+                started = k.rule.start_ns if k.rule.firing else None
+                if started is not None and started < since:
+                    continue
+                bad = True
+            if k.transport == "nvlink":
+                nv_bad += bad
+                nv_ok += not bad
+            elif k.transport in NETWORK_TRANSPORTS:
+                net_bad += bad
+                net_ok += not bad
+        return nv_bad, nv_ok, net_bad, net_ok
+
+    def _retype(self, job: JobState, inc: Incident, want: str) -> bool:
+        """Make ``inc`` a ``want`` (link) incident: in place, or its keys joining the
+        open incident of that type (then False: ``inc`` is gone)."""
         if want == inc.type:
             return True
         other = next((i for i in job.incidents.values()
@@ -218,6 +248,7 @@ class IncidentBook:
                     ks.incident = other.id
                 other.members.append(gk)
                 other.n_members += 1
+            other.listed.extend(inc.listed[:max(0, MAX_LISTED_KEYS - len(other.listed))])
             if want == "network_path":
                 other.evidence["hosts"] = hosts_of(job, other.members)
             del job.incidents[inc.id]
