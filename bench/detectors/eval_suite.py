@@ -608,16 +608,27 @@ def gpu_runs_2026_11_29_x1_section() -> str:
     return "\n".join(["## Recorded GPU runs of 2026-11-29: steps synchronised in NCCL\n", GPU_RUNS_11_29_X1,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout"])]), "",
                       GPU_RUNS_11_29_X1_SECOND,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]), "",
+                      GPU_RUNS_11_29_X1_THIRD,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """5 real runs on one H200 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there;
+GPU_RUNS_11_29_X1 = """17 real runs on one H200 in three batches; the first five (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there;
 plan `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
 barriers and control exchange in NCCL as Megatron-LM's are (`--step-sync nccl`; one run
 over gloo for comparison): clean through both profilers, an 8 Gbit/s throttle, one
 process stopped 30 % of every 0.5 s. Recorded and judged once by `80eecd1`: 4 of 5 (the
 stop taken for the job's own drop: on a network communicator its proxy stops too).
+"""
+
+GPU_RUNS_11_29_X1_THIRD = """The third batch (plan `2026-11-29-ax.json`, held out for both changes the second
+led to): 1-s throttle pulses every 4 s; the ramp through Inspector; a 40 Gbit/s throttle
+(under the gate); a process stopped 20 % of every 1 s; starved proxies and 60 s clean
+through Inspector. Judged once by `e6b5bd1`: **3 of 6** (the pulses raised as
+`collective_degraded`: the other keys' pulse windows, covering part of a window, taken
+for waiting by the transfer check; the ramp raised first as a straggler, 3.4 s in; the
+stop as the job's drop).
 """
 
 GPU_RUNS_11_29_X1_SECOND = """The second batch (plan `2026-11-29-aw.json`, held out for
