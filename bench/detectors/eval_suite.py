@@ -614,7 +614,8 @@ def gpu_runs_2026_11_29_x1_section() -> str:
 
 
 GPU_RUNS_11_29_X1 = """17 real runs on one H200 in three batches; the first five
-(`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
+(`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
+`bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
 barriers and control exchange in NCCL as Megatron-LM's are (`--step-sync nccl`; one run
 over gloo for comparison): clean through both profilers, an 8 Gbit/s throttle, one
