@@ -203,15 +203,19 @@ class IncidentBook:
         ``network_path`` incident (then False: it is gone)."""
         if not inc.members or any(len(gk) != 4 or gk[3] not in NETWORK_TRANSPORTS for gk in inc.members):
             return True
-        nv_bad, _, net_bad, _ = self._class_counts(job, inc)
+        # A network key that lost a drop-out's share since counts too (1-s pulses never
+        # hold two keys degraded at once; KeyView.slowed_ns).
+        nv_bad, _, net_bad, _ = self._class_counts(job, inc, slowed_since=inc.start_ns)
         if nv_bad or net_bad < 2:
             return True
         inc.evidence.update({"network_keys_degraded": net_bad, "widened_from": "collective_degraded"})
         return self._retype(job, inc, "network_path")
 
-    def _class_counts(self, job: JobState, inc: Incident) -> tuple[int, int, int, int]:
+    def _class_counts(self, job: JobState, inc: Incident, slowed_since: int | None = None
+                      ) -> tuple[int, int, int, int]:
         """``(nvlink degraded, nvlink holding, network degraded, network holding)``
-        among the job's live keys, ``inc``'s own counted degraded."""
+        among the job's live keys, ``inc``'s own counted degraded; with
+        ``slowed_since``, a key that lost a drop-out's share since then too."""
         now = job.watermark
         recent = job.recent_ns
         # Keys that were degraded well before this incident began are another story.
@@ -220,7 +224,7 @@ class IncidentBook:
         for k in job.keys.values():
             if not k.warm or now - k.last_end_ns > recent:
                 continue
-            bad = k.incident == inc.id
+            bad = k.incident == inc.id or slowed_since is not None and k.slowed_ns >= slowed_since
             if not bad and degraded_now(k):
                 started = k.rule.start_ns if k.rule.firing else None
                 if started is not None and started < since:

@@ -602,7 +602,7 @@ class KeyView:
         "rank_gpu", "rank_pid", "warm", "baseline", "last_end_ns", "last_effect", "last_observed", "closed_before",
         "last_spread",
         "rule", "spread_rule", "fire_streak", "hold", "incident", "spread_incident", "degraded_ns", "dropout_ns",
-        "spread_scores", "busy_log", "busy_n", "busy_recent",
+        "slowed_ns", "spread_scores", "busy_log", "busy_n", "busy_recent",
     )
 
     def __init__(self, key: KeyTuple, comm_name: str, window_ns: int, sustain: int):
@@ -636,6 +636,10 @@ class KeyView:
         # Until when the key's last drop-out (a window a flapping network link fires on
         # once it recurs) explains a throughput drop; the pipeline sets it.
         self.dropout_ns = NEVER
+        # End of the last window it lost a drop-out's share of its bandwidth in, degraded
+        # or not: a pulse covering part of a window leaves its fastest instance fast, so
+        # the transfer check takes it for waiting; it still slowed with its class.
+        self.slowed_ns = NEVER
         self.spread_scores: list[list] | None = None  # the last verdict's (degraded spread only)
         # The time a rank spends in the key's ops per window, and its last `sustain`
         # windows (causes.slowed_alike). Its usual value is kept as RatioBaseline
@@ -742,6 +746,7 @@ class KeyView:
             "spread_incident": self.spread_incident,
             "degraded_ns": self.degraded_ns,
             "dropout_ns": self.dropout_ns,
+            "slowed_ns": self.slowed_ns,
             "spread_scores": self.spread_scores,
             "busy": [self.busy_log, self.busy_n, self.busy_recent],
         }
@@ -768,6 +773,7 @@ class KeyView:
         obj.spread_incident = st["spread_incident"]
         obj.degraded_ns = st.get("degraded_ns", NEVER)  # absent before 2026-11-26
         obj.dropout_ns = st.get("dropout_ns", NEVER)  # absent before 2026-11-28
+        obj.slowed_ns = st.get("slowed_ns", NEVER)  # absent before 2026-11-29
         obj.spread_scores = st.get("spread_scores")  # absent before 2026-11-27
         if "busy" in st:  # absent before 2026-11-27 (morning): learned anew
             lb, n, recent = st["busy"]

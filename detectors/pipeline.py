@@ -296,6 +296,8 @@ class Pipeline:
             # its time is NCCL's. Steps are reported when they end, so those the drop-out
             # slowed come up to a window after it.
             ks.dropout_ns = v.end_ns + ks.window_ns
+        if self._p.dropout(ks.transport, True, v.effect):
+            ks.slowed_ns = v.end_ns
         if v.was_firing:
             inc = job.incidents.get(ks.incident) if ks.incident else None
             if v.transition == RESOLVE or v.effect < self.cfg.recover_threshold:

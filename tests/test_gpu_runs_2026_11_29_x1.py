@@ -65,18 +65,21 @@ def test_the_steps_are_synchronised_in_nccl(name, tmp_path):
     assert len(tiny) == 1 and tiny.most_common(1)[0][1] >= 600, tiny
 
 
-def test_the_third_batch_as_judged(rows):
+def test_the_third_batch_as_it_is_now(rows):
     """3 of 6 as judged once by e6b5bd1 (plan `ax`, held out for the hold rule and
     `IncidentBook.widened`): proxy starvation through Inspector found, a throttle under
     the gate and 60 s clean quiet; 1-s pulses raised as `collective_degraded` (one key's
     pulse windows degraded, the others' taken for waiting by the transfer check); a ramp
     through Inspector raised first as a straggler; a stop 20 % of every 1 s as the
-    job's drop."""
+    job's drop. Since then a network key that lost a drop-out's share of its bandwidth
+    since the incident began counts towards widening it (`KeyView.slowed_ns`): the
+    pulses are the `network_path`, 6.4 s in (past the bound: still a miss)."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
     assert sorted(n for n in SPLIT["heldout_3"] if rows[n]["ok"]) == [
         "i1x2-sync-clean-60", "i1x2-sync-cpu-k1", "p1x2-sync-tc-40g"], table
     r = rows["p1x2-sync-pulse-1-3-tc-8g"]
-    assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("-", ["collective_degraded"]), table
+    assert (r["got"], r["severity"], r["false_alerts"]) == ("network_path", "critical", []), table
+    assert 5.0 < r["delay_s"] <= 7.0, table
     r = rows["i1x2-sync-ramp-24-12-6"]
     assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("network_path", ["straggler"]), table
     r = rows["p1x2-sync-freeze-r1-0.2-p1"]
