@@ -78,7 +78,7 @@ class ThroughputTracker:
         # After a comm anomaly carried a drop: degraded windows since NCCL is healthy again
         self.clear = 0
         self.clear_start = 0
-        # Windows a drop has been held for NCCL's trouble while no comm incident was open
+        # Windows a drop has been held for NCCL's trouble while no comm anomaly was raised
         self.held = 0
         self.win_start = -1  # the window being averaged
         self.win_sum = 0.0
@@ -225,6 +225,6 @@ class ThroughputTracker:
         obj.fire_ts = state["fire_ts"]
         obj.fire_wait_ns = state.get("fire_wait_ns", 0)  # absent in states saved before it
         obj.win_start, obj.win_sum, obj.win_n = state["win"]
-        obj.clear, obj.clear_start, *held = state["clear"]  # no held count before 0.x
-        obj.held = held[0] if held else 0
+        obj.clear, obj.clear_start, *held = state["clear"]
+        obj.held = held[0] if held else 0  # absent before 2026-11-29
         return obj

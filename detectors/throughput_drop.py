@@ -3,7 +3,8 @@
 A sustained drop of the job's TFLOP/s (its :class:`~.throughput.ThroughputTracker`) is
 held until the communication windows of the same seconds are in; a drop that a comm
 incident explains is that incident's cost, not an incident of its own, unless it outlasts
-the comm trouble by ``sustain_windows`` windows ("not NCCL").
+the comm trouble by ``sustain_windows`` windows ("not NCCL"), or is held for
+``throughput_hold_windows`` windows while no comm anomaly is raised.
 """
 
 from __future__ import annotations
@@ -162,9 +163,10 @@ class ThroughputDrops:
         if not ready:
             return
         held = tp.held
-        hold = self.cfg.throughput_hold_windows
-        if self.comm_incident(job) if hold and held >= hold else self.comm_trouble(job, since_ns=tp.pending_fire):
-            # A comm anomaly carries the loss. If the drop outlasts it, _step re-arms.
+        # Held long enough: only a comm anomaly actually raised holds it back now.
+        forced = 0 < self.cfg.throughput_hold_windows <= held
+        if self.comm_incident(job) if forced else self.comm_trouble(job, since_ns=tp.pending_fire):
+            # A comm anomaly carries the loss. If the drop outlasts it, step re-arms.
             job.tp_suppressed = True
             tp.pending_fire = None
             return
@@ -187,7 +189,7 @@ class ThroughputDrops:
         )
         if tp.rule.flapping:
             inc.evidence["flapping"] = True  # slow windows with healthy ones between
-        if hold and held >= hold:
+        if forced:
             # How long it waited for NCCL trouble that never became an anomaly.
             inc.evidence["held_s"] = held * (job.window_ns or DEFAULT_WINDOW_NS) / 1e9
         job.tp_suppressed = False
