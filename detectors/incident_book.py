@@ -118,6 +118,11 @@ class IncidentBook:
             window = job.window_ns or DEFAULT_WINDOW_NS
             if job.watermark < inc.start_ns + (cfg.sustain_windows + 1) * window:
                 return
+            # Late since before the loss began: something later costs the job. Past twice
+            # the gate the first windows need only show a clear loss: a badly slowed job's
+            # sparse steps straddle the incident's start and dilute its early measure.
+            if loss is not None and loss[1] > -cfg.straggler_early_share * min(-loss[0], 2 * cfg.throughput_drop):
+                return
             name_late_process(job, inc)
             if (link_trouble(job, inc.evidence.get("comm"), cfg.straggler_score)
                     or echoed_links(job, inc, int(cfg.reopen_s * 1e9))):

@@ -237,6 +237,13 @@ class DetectorConfig:
     # its kernel is than the others' median): a rank arriving a fraction of a small
     # kernel later costs nobody anything, however far the ratio moved. 0 turns it off.
     straggler_min_wait: float = 0.01
+    # A straggler is raised only if the job had already lost at least this share of its
+    # loss now (of twice `throughput_drop` at most) in the incident's first windows: a
+    # rank that has been the last to arrive for a while (a sync AllReduce every step,
+    # one rank doing the logging) takes no blame for a loss that something else began
+    # after it. A cause costs from its start; a link's ramp does not, which is why links
+    # are not held to this. 0: off.
+    straggler_early_share: float = 0.6
     # A degraded window must also have lost at least this fraction of `threshold` in its
     # best op instance (the one whose rank waited least, from each rank's fastest exec):
     # a collective cannot beat its transfer, so a drop only in the typical instance is
@@ -296,6 +303,8 @@ class DetectorConfig:
         # The knobs of 2026-11-26; the older ones are checked where they are used.
         if self.throughput_hold_windows < 0:
             raise ValueError(f"detector.throughput_hold_windows must be >= 0, got {self.throughput_hold_windows}")
+        if not 0.0 <= self.straggler_early_share <= 1.0:
+            raise ValueError(f"detector.straggler_early_share must be in [0, 1], got {self.straggler_early_share}")
         if self.throughput_grace_windows < 0:
             raise ValueError(f"detector.throughput_grace_windows must be >= 0, got {self.throughput_grace_windows}")
         if not 0.0 <= self.straggler_min_wait < 1.0:

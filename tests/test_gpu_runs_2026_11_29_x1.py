@@ -73,7 +73,10 @@ def test_the_third_batch_as_it_is_now(rows):
     through Inspector raised first as a straggler; a stop 20 % of every 1 s as the
     job's drop. Since then a network key that lost a drop-out's share of its bandwidth
     since the incident began counts towards widening it (`KeyView.slowed_ns`): the
-    pulses are the `network_path`, 6.4 s in (past the bound: still a miss)."""
+    pulses are the `network_path`, 6.4 s in (past the bound: still a miss). Since
+    `detector.straggler_early_share` the ramp's rank 0, last at the sync AllReduce since
+    before the ramp began, is no longer blamed: the ramp is the `network_path` alone,
+    7.4 s in (its first 24 Gbit/s step costs the job under the gate)."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
     assert sorted(n for n in SPLIT["heldout_3"] if rows[n]["ok"]) == [
         "i1x2-sync-clean-60", "i1x2-sync-cpu-k1", "p1x2-sync-tc-40g"], table
@@ -81,7 +84,8 @@ def test_the_third_batch_as_it_is_now(rows):
     assert (r["got"], r["severity"], r["false_alerts"]) == ("network_path", "critical", []), table
     assert 5.0 < r["delay_s"] <= 7.0, table
     r = rows["i1x2-sync-ramp-24-12-6"]
-    assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("network_path", ["straggler"]), table
+    assert (r["got"], r["severity"], r["false_alerts"]) == ("network_path", "critical", []), table
+    assert 5.0 < r["delay_s"] <= 8.0, table
     r = rows["p1x2-sync-freeze-r1-0.2-p1"]
     assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("-", ["throughput_drop"]), table
 

@@ -629,7 +629,10 @@ led to): 1-s throttle pulses every 4 s; the ramp through Inspector; a 40 Gbit/s 
 through Inspector. Judged once by `e6b5bd1`: **3 of 6** (the pulses raised as
 `collective_degraded`: the other keys' pulse windows, covering part of a window, taken
 for waiting by the transfer check; the ramp raised first as a straggler, 3.4 s in; the
-stop as the job's drop).
+stop as the job's drop). Since `detector.straggler_early_share` (a straggler's first
+windows must have cost the job 0.6 of its loss now) the ramp's rank 0, last at the sync
+AllReduce since before the ramp, is not blamed: the ramp is the `network_path` alone,
+7.4 s in (its first step cost the job under the gate), no other run changed.
 """
 
 GPU_RUNS_11_29_X1_SECOND = """The second batch (plan `2026-11-29-aw.json`, held out for
