@@ -237,9 +237,15 @@ def names_straggler(ev: Any, fault: dict, run_info: dict) -> bool:
     A slow GPU makes every process on it late, so naming any of them names the GPU (in a
     real job each GPU has one process; here two share it, see bench/scenarios/README.md).
     """
-    ev_comm = (ev.evidence or {}).get("comm")
-    comm = next((c for c in run_info.get("comms", {}).values() if c["comm"] == ev_comm), None)
-    if comm is None or ev.rank is None or not 0 <= ev.rank < len(comm["ranks"]):
+    evidence = ev.evidence or {}
+    comm = next((c for c in run_info.get("comms", {}).values() if c["comm"] == evidence.get("comm")), None)
+    if comm is None:
+        # A communicator the recorder did not list (a job's step-sync one): the event's
+        # process id says which rank it named.
+        pid = evidence.get("pid")
+        ranks = [r for r in run_info["ranks"].values() if pid is not None and r.get("pid") == pid]
+        return len(ranks) == 1 and ranks[0]["gpu"] == fault["gpu"]
+    if ev.rank is None or not 0 <= ev.rank < len(comm["ranks"]):
         return False
     global_rank = comm["ranks"][ev.rank]
     return run_info["ranks"][str(global_rank)]["gpu"] == fault["gpu"]
