@@ -134,3 +134,12 @@ def test_a_straggler_on_a_communicator_the_recorder_did_not_list_is_judged_by_it
     assert eval_gpu_runs.names_straggler(ev, fault, info)
     other = {**ev.evidence, "pid": info["ranks"]["0"]["pid"]}
     assert not eval_gpu_runs.names_straggler(dataclasses.replace(ev, evidence=other), fault, info)
+
+
+def test_the_fifth_batch_as_first_judged(rows):
+    """6 of 6 as judged once by 2e731cc (plan `az`): stragglers with NCCL's and with
+    gloo's step sync named, a throttle and competing sockets under the gate quiet,
+    starved proxies found, a clean run quiet."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_5"])])
+    assert all(rows[n]["ok"] for n in SPLIT["heldout_5"]), table
+    assert rows["i1x2-sync-strag-r1-1.2x"]["got"] == rows["p1x2-strag-r1-1.5x"]["got"] == "straggler rank 1", table

@@ -612,10 +612,12 @@ def gpu_runs_2026_11_29_x1_section() -> str:
                       GPU_RUNS_11_29_X1_THIRD,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]), "",
                       GPU_RUNS_11_29_X1_FOURTH,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]), "",
+                      GPU_RUNS_11_29_X1_FIFTH,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """23 real runs on one H200 in four batches; the first five
+GPU_RUNS_11_29_X1 = """29 real runs on one H200 in five batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
@@ -652,6 +654,13 @@ pulses and two other pulsed runs right, but three runs right before wrong (a cle
 a GPU shared with another process, a pulsed run raised twice) and new false alerts in
 three runs already wrong; not kept. The code before
 (`straggler_early_share` 0) judges the batch the same.
+"""
+
+GPU_RUNS_11_29_X1_FIFTH = """The fifth batch (plan `2026-11-29-az.json`, held out likewise): a 1.2x
+straggler through Inspector where the steps sync in NCCL; a 1.5x straggler and a 24 Gbit/s
+throttle with gloo's barrier instead; 16 competing sockets through Inspector; proxies
+starved 70 % of the time; clean. Judged once by `2e731cc` (the detector of `3cd078b`):
+**6 of 6** (the code before, `straggler_early_share` 0, the same).
 """
 
 GPU_RUNS_11_29_X1_SECOND = """The second batch (plan `2026-11-29-aw.json`, held out for
