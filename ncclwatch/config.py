@@ -239,9 +239,9 @@ class DetectorConfig:
     straggler_min_wait: float = 0.01
     # A straggler is raised only if the job had already lost at least this share of its
     # loss now (of twice `throughput_drop` at most) in the incident's first windows: a
-    # rank that has been the last to arrive for a while (a sync AllReduce every step,
-    # one rank doing the logging) takes no blame for a loss that something else began
-    # after it. A cause costs from its start; a link's ramp does not, which is why links
+    # rank that has been the last to arrive for a while (at a sync AllReduce every step
+    # one rank is, now and then, in clean runs too) takes no blame for a loss that
+    # something else began after it. A cause costs from its start; a link's ramp does not, which is why links
     # are not held to this. 0: off.
     straggler_early_share: float = 0.6
     # A degraded window must also have lost at least this fraction of `threshold` in its
