@@ -58,7 +58,7 @@ class ThroughputTracker:
     __slots__ = (
         "cfg", "baseline", "rule", "history", "step", "sum", "n", "ts_ns", "last", "unlearned",
         "pending_fire", "fire_ts", "fire_wait_ns", "win_start", "win_sum", "win_n", "clear", "clear_start",
-        "held",
+        "held", "carried", "stalled",
     )
 
     def __init__(self, cfg: DetectorConfig):
@@ -80,6 +80,10 @@ class ThroughputTracker:
         self.clear_start = 0
         # Windows a drop has been held for NCCL's trouble while no comm anomaly was raised
         self.held = 0
+        # A raised comm anomaly carried (some of) the drop's cost since it began
+        self.carried = False
+        # The drop's degraded windows that one step spanned whole: seconds without a step
+        self.stalled = 0
         self.win_start = -1  # the window being averaged
         self.win_sum = 0.0
         self.win_n = 0
@@ -209,7 +213,7 @@ class ThroughputTracker:
             "fire_ts": self.fire_ts,
             "fire_wait_ns": self.fire_wait_ns,
             "win": [self.win_start, self.win_sum, self.win_n],
-            "clear": [self.clear, self.clear_start, self.held],
+            "clear": [self.clear, self.clear_start, self.held, self.carried, self.stalled],
         }
 
     @classmethod
@@ -227,4 +231,6 @@ class ThroughputTracker:
         obj.win_start, obj.win_sum, obj.win_n = state["win"]
         obj.clear, obj.clear_start, *held = state["clear"]
         obj.held = held[0] if held else 0  # absent before 2026-11-29
+        obj.carried = bool(held[1]) if len(held) > 1 else True  # absent before: say nothing more
+        obj.stalled = held[2] if len(held) > 2 else 0
         return obj

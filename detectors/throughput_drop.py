@@ -4,7 +4,9 @@ A sustained drop of the job's TFLOP/s (its :class:`~.throughput.ThroughputTracke
 held until the communication windows of the same seconds are in; a drop that a comm
 incident explains is that incident's cost, not an incident of its own, unless it outlasts
 the comm trouble by ``sustain_windows`` windows ("not NCCL"), or is held for
-``throughput_hold_windows`` windows while no comm anomaly is raised.
+``throughput_hold_windows`` windows while no comm anomaly is raised. A held drop in
+which the job completed no step for ``sustain_windows`` windows (a stall), with no comm
+anomaly raised in all its time, is raised as it ends if the hold has not let it go.
 """
 
 from __future__ import annotations
@@ -90,12 +92,15 @@ class ThroughputDrops:
                 base.span_warmup()  # a line over several windows warms up for their time
         else:
             tp.unlearned = []
+        if filled and degraded and tp.rule.firing:
+            tp.stalled += 1
         tinc = job.find("throughput_drop", "")
         if was_firing and tinc is not None:
             tinc.add_window(effect, None, None, False)
         if transition == FIRE:
             tp.pending_fire = tp.rule.start_ns if tp.rule.start_ns is not None else start
             tp.fire_ts, tp.fire_wait_ns = end, 0
+            tp.carried, tp.stalled = False, 0
             if filled:
                 # A line's mean over several windows, whose loss may lie in its last
                 # second: NCCL is judged on the windows up to the line, and its keys get
@@ -104,9 +109,17 @@ class ThroughputDrops:
                 tp.fire_ts = max(end, tp.win_start + w)
                 tp.fire_wait_ns = self.cfg.sustain_windows * w
         elif transition == RESOLVE:
+            if (job.tp_suppressed and tinc is None and cfg.throughput_hold_windows
+                    and tp.stalled >= cfg.sustain_windows and not tp.carried
+                    and not self.comm_incident(job)):
+                # The job completed no step for seconds (a rank stopped: every key drops
+                # out with it, which held the drop), no comm anomaly was raised, and it was
+                # over before the hold ran out. The loss still happened: said now, as the
+                # hold would have said it.
+                tinc = self._raise(job, tp.rule.start_ns or start, tp.rule.end_ns or start, tp.held, out)
             job.tp_suppressed = False
             tp.pending_fire = None
-            tp.clear = tp.held = 0
+            tp.clear = tp.held = tp.stalled = 0
             if tinc is not None:
                 tinc.end_ns = tp.rule.end_ns
                 self.book.resolve(job, tinc, out)
@@ -114,7 +127,9 @@ class ThroughputDrops:
             # A drop a comm anomaly explained: "not NCCL" only if it outlasts NCCL's
             # trouble by sustain_windows windows of its own.
             hold = cfg.throughput_hold_windows
-            tp.held = tp.held + 1 if hold and not self.comm_incident(job) else 0
+            carried = self.comm_incident(job)
+            tp.carried = tp.carried or carried
+            tp.held = tp.held + 1 if hold and not carried else 0
             if hold and tp.held >= hold:
                 # NCCL's trouble never became an anomaly of its own in all that time
                 # (keys dipping or dropping out alongside the job): a sustained loss is
@@ -168,31 +183,39 @@ class ThroughputDrops:
         if self.comm_incident(job) if forced else self.comm_trouble(job, since_ns=tp.pending_fire):
             # A comm anomaly carries the loss. If the drop outlasts it, step re-arms.
             job.tp_suppressed = True
+            tp.carried = tp.carried or self.comm_incident(job)
             tp.pending_fire = None
             return
         tp.held = 0
         start = tp.pending_fire
         tp.pending_fire = None
+        self._raise(job, start, tp.fire_ts, held if forced else 0, out)
+
+    def _raise(self, job: JobState, start: int, fire_ts: int, held: int, out: list):
+        """Open and emit the job's ``throughput_drop`` over ``[start, fire_ts)`` (``held``:
+        windows it waited for NCCL trouble that never became an anomaly)."""
+        tp = job.throughput
         cfg = self.cfg
         base = tp.baseline.baseline
         inc = self.book.open(job, Verdict("throughput_drop", "unknown", scope=""), start, None)
         # The steps that made the drop, whatever arrived since: same numbers in any driver;
         # the work done over their time, as the user counts a loss.
-        observed, n = tp.mean(start, tp.fire_ts, by_time=True)
+        observed, n = tp.mean(start, fire_ts, by_time=True)
         effect = 1.0 - observed / base if observed is not None and base else 0.0
         inc.eff_sum, inc.eff_n, inc.peak = effect * n, n, effect
         inc.severity = "warning" if effect >= 2 * cfg.throughput_drop else "info"
-        inc.throughput_delta = tp.delta(start, tp.fire_ts, by_time=True)
+        inc.throughput_delta = tp.delta(start, fire_ts, by_time=True)
         inc.evidence.update(
             {"tflops_baseline": base, "tflops_observed": observed, "threshold": cfg.throughput_drop,
              "after_comm_anomaly": job.tp_suppressed}
         )
         if tp.rule.flapping:
             inc.evidence["flapping"] = True  # slow windows with healthy ones between
-        if forced:
+        if held:
             # How long it waited for NCCL trouble that never became an anomaly.
             inc.evidence["held_s"] = held * (job.window_ns or DEFAULT_WINDOW_NS) / 1e9
         job.tp_suppressed = False
         detected = max(job.watermark, tp.ts_ns)
         inc.detected_ns = detected
         self.book.emit(inc.event("firing", detected), out)
+        return inc

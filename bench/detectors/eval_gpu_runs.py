@@ -103,17 +103,31 @@ def rate_drop(steps: list[dict], start_ns: int, end_ns: int) -> float:
     ...     t += step_s
     ...     steps.append({"ts_ns": int(t * 1e9), "step_s": step_s, "tflops_per_gpu": 10 / step_s})
     >>> round(rate_drop(steps, 10**10, 2 * 10**10), 2)
-    0.26
+    0.25
+    >>> stalled = [s for s in steps if s["ts_ns"] < 10**10] + [  # no step done in 10 s
+    ...     {"ts_ns": 21 * 10**9, "step_s": 11.0, "tflops_per_gpu": 10 / 11.0}]
+    >>> round(rate_drop(stalled, 10**10, 2 * 10**10), 2)  # its 10 TFLOP spread over 11 s
+    0.99
     >>> statistics.median(s["tflops_per_gpu"] for s in steps if s["ts_ns"] > 12e9)  # the median holds
     100.0
     """
-    def rate(lo: int, hi: int) -> float | None:
-        work = sum(s["tflops_per_gpu"] * s["step_s"] for s in steps if lo <= s["ts_ns"] < hi)
-        return work / ((hi - lo) / 1e9) if hi > lo and work else None
+    def rate(lo: int, hi: int) -> float:
+        # Each step's work spread over its own time, counted for the part inside
+        # [lo, hi): a step that ends after the span (one stalled 10 s) did no work in it.
+        work = 0.0
+        for s in steps:
+            end, dur = s["ts_ns"], s["step_s"] * 1e9
+            overlap = min(end, hi) - max(end - dur, lo)
+            if overlap > 0 and dur > 0:
+                work += s["tflops_per_gpu"] * s["step_s"] * overlap / dur
+        return work / ((hi - lo) / 1e9)
 
-    first = min((s["ts_ns"] for s in steps), default=start_ns)
-    before, during = rate(first, start_ns), rate(start_ns + SETTLE_NS, end_ns)
-    return 0.0 if before is None or during is None else 1.0 - during / before
+    first = min((s["ts_ns"] - s["step_s"] * 1e9 for s in steps), default=start_ns)
+    lo = start_ns + SETTLE_NS
+    if first >= start_ns or lo >= end_ns:
+        return 0.0
+    before = rate(first, start_ns)
+    return 0.0 if before <= 0 else 1.0 - rate(lo, end_ns) / before
 
 
 def sources(run: Path) -> tuple[list[Path], Options]:

@@ -614,10 +614,12 @@ def gpu_runs_2026_11_29_x1_section() -> str:
                       GPU_RUNS_11_29_X1_FOURTH,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]), "",
                       GPU_RUNS_11_29_X1_FIFTH,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]), "",
+                      GPU_RUNS_11_29_X1_STALLS,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["tune"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """29 real runs on one H200 in five batches; the first five
+GPU_RUNS_11_29_X1 = """32 real runs on one H200 in six batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
@@ -661,6 +663,19 @@ straggler through Inspector where the steps sync in NCCL; a 1.5x straggler and a
 throttle with gloo's barrier instead; 16 competing sockets through Inspector; proxies
 starved 70 % of the time; clean. Judged once by `2e731cc` (the detector of `3cd078b`):
 **6 of 6** (the code before, `straggler_early_share` 0, the same).
+"""
+
+GPU_RUNS_11_29_X1_STALLS = """Three runs of one long host-side stall (plan `2026-11-29-ba.json`,
+split `tune`: they shaped the change below, so they are not held out): one rank's process
+stopped once for 10 s through the plugin and through Inspector (steps synced in NCCL),
+and for 5 s with gloo's barrier. The judge of before measured the 10-s stalls as no
+loss (no step ends inside the stall); it now counts each step's work over its own time
+(99 %; the other runs' losses moved by under 1 point, no judgement changed). As first
+replayed, the 10-s stalls raised nothing: every key dropped out with the stopped
+process, which held the job's drop, and the drop ended before the hold let it go.
+Since a held drop in which no step completed for `sustain_windows` windows is raised
+as it ends, both are raised 13–14 s in as the job's own drop (no other run changed);
+still misses, the stopped process not named, as with every host-side stall.
 """
 
 GPU_RUNS_11_29_X1_SECOND = """The second batch (plan `2026-11-29-aw.json`, held out for
