@@ -17,6 +17,7 @@ from .attribution import Verdict, degraded_now, rule_degraded
 from .baseline import learn_or_hold
 from .causes import slowed_alike
 from .incident_book import COMM_TYPES, DEFAULT_WINDOW_NS, IncidentBook
+from .incidents import Incident
 from .job import JobState
 from .sustained import FIRE, RESOLVE
 
@@ -116,7 +117,9 @@ class ThroughputDrops:
                 # out with it, which held the drop), no comm anomaly was raised, and it was
                 # over before the hold ran out. The loss still happened: said now, as the
                 # hold would have said it.
-                tinc = self._raise(job, tp.rule.start_ns or start, tp.rule.end_ns or start, tp.held, out)
+                began = tp.rule.start_ns if tp.rule.start_ns is not None else start
+                ended = tp.rule.end_ns if tp.rule.end_ns is not None else start
+                tinc = self._raise(job, began, ended, tp.held, out)
             job.tp_suppressed = False
             tp.pending_fire = None
             tp.clear = tp.held = tp.stalled = 0
@@ -191,7 +194,7 @@ class ThroughputDrops:
         tp.pending_fire = None
         self._raise(job, start, tp.fire_ts, held if forced else 0, out)
 
-    def _raise(self, job: JobState, start: int, fire_ts: int, held: int, out: list):
+    def _raise(self, job: JobState, start: int, fire_ts: int, held: int, out: list) -> Incident:
         """Open and emit the job's ``throughput_drop`` over ``[start, fire_ts)`` (``held``:
         windows it waited for NCCL trouble that never became an anomaly)."""
         tp = job.throughput
