@@ -93,8 +93,6 @@ class ThroughputDrops:
                 base.span_warmup()  # a line over several windows warms up for their time
         else:
             tp.unlearned = []
-        if filled and degraded and tp.rule.firing:
-            tp.stalled += 1
         tinc = job.find("throughput_drop", "")
         if was_firing and tinc is not None:
             tinc.add_window(effect, None, None, False)
@@ -149,6 +147,8 @@ class ThroughputDrops:
                 # A flapping drop's healthy windows between its slow ones are the flap,
                 # not the drop ending: only NCCL's trouble starts the count over.
                 tp.clear = 0
+        if filled and degraded and tp.rule.firing:
+            tp.stalled += 1  # after FIRE set it to 0: the window that fired it counts
         self.decide(job, out)
         self.book.refresh(job, out)
 
