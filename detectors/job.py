@@ -8,6 +8,7 @@ from ncclwatch.config import DetectorConfig
 
 from .incidents import Incident, KeyTuple
 from .keys import KeyState, KeyView
+from .stalls import StallTracker
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
 
@@ -15,7 +16,7 @@ from .throughput import ThroughputTracker
 class JobState:
     __slots__ = (
         "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
-        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved",
+        "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved", "stalls",
     )
 
     def __init__(self, job: str, cfg: DetectorConfig):
@@ -35,6 +36,7 @@ class JobState:
         # Raised comm incidents resolved within reopen_s, by (type, scope): what a key
         # firing again reopens.
         self.resolved: dict[tuple[str, str], Incident] = {}
+        self.stalls = StallTracker()  # the plugin's progress records
 
     @property
     def recent_ns(self) -> int:

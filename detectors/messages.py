@@ -14,6 +14,7 @@ from ncclwatch.ingest.parse import parse
 from ncclwatch.records import (
     DropRecord,
     PluginStats,
+    ProgressRecord,
     Quarantined,
     ThroughputRecord,
     WindowSummary,
@@ -24,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 # Which record kinds each input may carry; anything else breaks the contract of the topic.
-DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats)
-TELEMETRY_KINDS = (DropRecord, PluginStats)
+DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats, ProgressRecord)
+TELEMETRY_KINDS = (DropRecord, PluginStats, ProgressRecord)
 STAGE_KINDS = (KeyVerdict, VerdictMark)  # the verdicts topic, between the two stages
 
 

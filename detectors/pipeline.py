@@ -47,6 +47,7 @@ from ncclwatch.records import (
     DropRecord,
     OpRecord,
     PluginStats,
+    ProgressRecord,
     ThroughputRecord,
     WindowSummary,
 )
@@ -58,6 +59,8 @@ from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident
 from .job import JobState
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
 from .model import BusbwModel
+from .stall_incidents import StallIncidents, is_stall
+from .stalls import StallTracker
 from .sustained import FIRE, RESOLVE
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
@@ -121,6 +124,7 @@ class Pipeline:
         # homes; the job state they work on is this pipeline's.
         self.book = IncidentBook(cfg)
         self.drops = ThroughputDrops(self.book)
+        self.stall_incidents = StallIncidents(self.book)
         self._p = KeyParams(cfg)
         self._timeout_ns = int(cfg.telemetry_timeout_s * 1e9)
         self._jobs: dict[str, JobState] = {}
@@ -135,6 +139,7 @@ class Pipeline:
             ThroughputRecord.KIND: self._throughput,
             DropRecord.KIND: self._drop,
             PluginStats.KIND: self._plugin_stats,
+            ProgressRecord.KIND: self._progress,
             OpRecord.KIND: self._ignore,
             KeyVerdict.KIND: self._verdict,
         }
@@ -171,7 +176,9 @@ class Pipeline:
         evict_ns = int(self.cfg.job_evict_s * 1e9)
         for name in list(self._jobs):
             job = self._jobs[name]
-            last = max(job.watermark, job.throughput.ts_ns)
+            # A job whose ranks write progress records waits (hung, or held up by a
+            # rank): it has not ended.
+            last = max(job.watermark, job.throughput.ts_ns, job.stalls.now_ns)
             if last <= 0:
                 continue
             idle = now_ns - last
@@ -409,6 +416,7 @@ class Pipeline:
         self._check_telemetry(job, out)
         self._check_silent_members(job, out)
         self.drops.decide(job, out)
+        self.stall_incidents.check(job, out)
         self.book.refresh(job, out)
 
     def _close_all(self, job: JobState, out: list) -> None:
@@ -419,8 +427,8 @@ class Pipeline:
     def _check_silent_members(self, job: JobState, out: list) -> None:
         now = job.watermark
         for inc in list(job.incidents.values()):
-            if inc.type not in COMM_TYPES:
-                continue
+            if inc.type not in COMM_TYPES or is_stall(inc):
+                continue  # a stall has no keys: it ends when operations complete again
             for gk in list(inc.members):
                 ks = job.keys.get(gk[:4])
                 if ks is not None and now - ks.last_end_ns <= self._timeout_ns:
@@ -439,6 +447,9 @@ class Pipeline:
                 self.book.resolve(job, inc, out, reason="keys_silent")
 
     def _check_telemetry(self, job: JobState, out: list) -> None:
+        if any(is_stall(inc) for inc in job.incidents.values()):
+            # The whole job waited: the first rank back is not the others' silence.
+            return
         tel = job.telemetry
         problems = tel.check(job.watermark, self._timeout_ns)
         for inc in list(job.incidents.values()):
@@ -535,6 +546,17 @@ class Pipeline:
             job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
         job.telemetry.see_plugin_stats(rec.host, rec.pid, rec.ts_ns, rec.dropped)
 
+    def _progress(self, rec: ProgressRecord, out: list) -> None:
+        job = self._jobs.get(rec.job)
+        if job is None:
+            return  # a job not seen running yet: its start-up waits are no stall
+        job.stalls.see(rec.comm, rec.comm_name, rec.nranks, rec.rank, rec.ts_ns, colls=rec.colls,
+                       in_flight=rec.in_flight, waiting_since_ns=rec.waiting_since_ns, host=rec.host,
+                       pid=rec.pid)
+        if rec.ts_ns > self.last_end_ns:
+            self.last_end_ns = rec.ts_ns
+        self.stall_incidents.check(job, out)
+
     def _ignore(self, rec: Any, out: list) -> None:
         return None
 
@@ -586,6 +608,7 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "incidents": [inc.to_state() for inc in job.incidents.values()],
         "tp_suppressed": job.tp_suppressed,
         "resolved": [inc.to_state() for inc in job.resolved.values()],
+        "stalls": job.stalls.to_state(),
     }
 
 
@@ -622,6 +645,8 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyPa
     for inc_state in st.get("resolved", ()):  # absent before 2026-11-26
         inc = Incident.from_state(inc_state)
         job.resolved[(inc.type, inc.scope)] = inc
+    if "stalls" in st:  # absent before 2026-11-29
+        job.stalls = StallTracker.from_state(st["stalls"])
     return job
 
 

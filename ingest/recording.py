@@ -95,7 +95,7 @@ INSPECTOR_LATENESS_S = 10.0
 # "now"; the window first means a throughput drop is judged knowing the NCCL anomaly that
 # the same window may have just confirmed. Every driver orders ties this way.
 MARK_TIME_NS = 1 << 62  # after every record: see record_time_ns
-KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "throughput": 2, "anomaly": 3}
+KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "progress": 1, "throughput": 2, "anomaly": 3}
 
 
 def record_time_ns(record: Any) -> int:

@@ -244,6 +244,13 @@ class DetectorConfig:
     # something else began after it. A cause costs from its start; a link's ramp does not, which is why links
     # are not held to this. 0: off.
     straggler_early_share: float = 0.6
+    # A rank is raised as stalled (a `straggler` whose evidence says `stalled`) when the
+    # plugin's progress records (kind `progress`) show its peers waiting this long in an
+    # operation it has not reached, or show nothing from it while they wait; and only
+    # once the wait is also `stall_steps` of the job's median step time (a job of 20-s
+    # steps waits seconds at a barrier). 0 turns it off.
+    stall_after_s: float = 3.0
+    stall_steps: float = 2.0
     # A degraded window must also have lost at least this fraction of `threshold` in its
     # best op instance (the one whose rank waited least, from each rank's fastest exec):
     # a collective cannot beat its transfer, so a drop only in the typical instance is
@@ -303,6 +310,10 @@ class DetectorConfig:
         # The knobs of 2026-11-26; the older ones are checked where they are used.
         if self.throughput_hold_windows < 0:
             raise ValueError(f"detector.throughput_hold_windows must be >= 0, got {self.throughput_hold_windows}")
+        if not self.stall_after_s >= 0.0:
+            raise ValueError(f"detector.stall_after_s must be >= 0 seconds, got {self.stall_after_s}")
+        if not self.stall_steps >= 0.0:
+            raise ValueError(f"detector.stall_steps must be >= 0, got {self.stall_steps}")
         if not 0.0 <= self.straggler_early_share <= 1.0:
             raise ValueError(f"detector.straggler_early_share must be in [0, 1], got {self.straggler_early_share}")
         if self.throughput_grace_windows < 0:

@@ -177,6 +177,36 @@ class PluginStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """One communicator of a process that is waiting: written by the plugin, at most once
+    a ``NCCLWATCH_PROGRESS_MS``, for every communicator of a process one of whose
+    communicators has had an op in flight that long without completing anything.
+
+    Nothing is written while ops complete, so a healthy job writes none. A rank that
+    writes none while its peers wait is stopped or busy elsewhere; one whose ``colls``
+    is below theirs has not called the collective they wait in (collectives are issued
+    in the same order on every rank of a communicator).
+    """
+
+    KIND: ClassVar[str] = "progress"
+    job: str
+    host: str
+    pid: int = _f(minimum=0)
+    gpu: str
+    comm: str = _f(pattern="^0x[0-9a-f]{16}$")
+    comm_name: str
+    rank: int = _f(minimum=0)
+    nranks: int = _f(minimum=1)
+    ts_ns: int = _time()
+    issued: int = _f(minimum=0)  # ops (collectives and P2P) this process started on it
+    colls: int = _f(minimum=0)  # of which collectives
+    done: int = _f(minimum=0)  # ops that completed (or were dropped)
+    in_flight: int = _f(minimum=0)
+    waiting_since_ns: int = _time()  # since when it has had work and finished none; 0: none in flight
+    last_done_ns: int = _time()  # 0: none yet
+
+
+@dataclass(frozen=True, slots=True)
 class ThroughputRecord:
     """The job's speed over one training step."""
 
@@ -263,10 +293,11 @@ class Quarantined:
     raw: str
 
 
-Record = OpRecord | DropRecord | PluginStats | ThroughputRecord | WindowSummary | AnomalyEvent
+Record = OpRecord | DropRecord | PluginStats | ProgressRecord | ThroughputRecord | WindowSummary | AnomalyEvent
 RECORD_TYPES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (OpRecord, DropRecord, PluginStats, ThroughputRecord, WindowSummary, AnomalyEvent, Quarantined)
+    for cls in (OpRecord, DropRecord, PluginStats, ProgressRecord, ThroughputRecord, WindowSummary, AnomalyEvent,
+                Quarantined)
 }
 
 

@@ -6,7 +6,7 @@ recording through them, and the worker's partitioning depends on them (docs/inge
 
 - ops on ``topics.ops``, keyed ``<job>|<comm>``: one communicator's ops stay in order in
   one partition (and pack into one message);
-- windows, throughput, drops and plugin stats (``topics.telemetry``) and anomalies on
+- windows, throughput, drops, plugin stats and progress (``topics.telemetry``) and anomalies on
   their own topics, keyed by the job: everything the worker reads lands in the job's
   partition, with no re-keying hop (topic contract v2; v1 put drops and plugin stats on
   ``topics.ops``, keyed ``<job>|<host>``);
@@ -42,7 +42,7 @@ def topic_for(topics: TopicsConfig, kind: str) -> str:
         return topics.anomalies
     if kind == "quarantined":
         return topics.quarantine
-    if kind in ("drop", "plugin_stats"):
+    if kind in ("drop", "plugin_stats", "progress"):
         return topics.telemetry
     return topics.ops
 

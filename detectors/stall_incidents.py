@@ -1,0 +1,127 @@
+"""A job's stalls as incidents: the rank holding a communicator up, raised while it holds.
+
+:class:`~.stalls.StallTracker` says which communicator waits and for whom; here that
+becomes a ``straggler`` incident naming the rank (its evidence says ``stalled``), raised
+through the job's :class:`~.incident_book.IncidentBook` so that everything else the
+stall causes (the job's throughput drop, its keys' dips once it resumes) is held as its
+consequence, as for any straggler. It is raised only
+
+- once the job has run steadily (a warm throughput baseline or a warm key): a job
+  starting up waits for its slowest rank by design;
+- after ``detector.stall_after_s`` of waiting, and ``stall_steps`` of the job's median
+  step time (a job of 20-s steps waits seconds at a barrier now and then);
+- for a communicator held by at most half its ranks (many silent ranks are lost
+  telemetry, not a stall: that is ``telemetry_loss``'s).
+
+It ends once the job's windows pass the last record that showed it for
+``sustain_windows`` windows: operations complete again, and the job's throughput drop
+over the stall has been measured while it was open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .attribution import Verdict
+from .incident_book import DEFAULT_WINDOW_NS, IncidentBook
+from .incidents import Incident
+from .job import JobState
+from .stalls import MAX_LISTED, Stall
+
+
+def is_stall(inc: Incident) -> bool:
+    """An incident raised from progress records (it has no keys as members)."""
+    return "stalled" in inc.evidence
+
+
+class StallIncidents:
+    """Raises, refreshes and ends a job's stall incidents through ``book``."""
+
+    def __init__(self, book: IncidentBook):
+        self.book = book
+        self.cfg = book.cfg
+
+    def check(self, job: JobState, out: list) -> None:
+        """After a progress record or a window: raise, refresh or end."""
+        cfg = self.cfg
+        tracker = job.stalls
+        window = job.window_ns or DEFAULT_WINDOW_NS
+        for inc in [i for i in job.incidents.values() if is_stall(i)]:
+            last = inc.evidence["stalled"]["last_ns"]
+            if job.watermark >= last + cfg.sustain_windows * window:
+                # Operations complete again (windows end past it): forget what the stall
+                # wrote, so that the next one starts from the ranks' new records.
+                tracker.forget_before(last + 1)
+                inc.end_ns = last
+                self.book.resolve(job, inc, out)
+        if not cfg.stall_after_s or not tracker.last or not self._steady(job):
+            return
+        gap = job.throughput.step_gap_ns(tracker.now_ns)
+        min_wait = max(int(cfg.stall_after_s * 1e9), int(cfg.stall_steps * gap))
+        for st in tracker.stalls(min_wait):
+            inc = next((i for i in job.incidents.values()
+                        if is_stall(i) and i.evidence["stalled"]["comm"] == st.comm), None)
+            if inc is not None:
+                self._refresh(inc, st)
+            elif st.holders and len(st.holders) <= max(1, st.nranks // 2):
+                self._raise(job, st, out)
+
+    @staticmethod
+    def _steady(job: JobState) -> bool:
+        return job.throughput.baseline.warm or any(k.warm for k in job.keys.values())
+
+    def _raise(self, job: JobState, st: Stall, out: list) -> None:
+        rank = self._root(job, st)
+        host, pid = self._process(job, st.comm, rank)
+        v = Verdict("straggler", "straggler", scope=f"stall/{st.comm}/{rank}", host=host, rank=rank)
+        inc = self.book.open(job, v, st.since_ns, None)
+        inc.key = {"comm": st.comm, "comm_name": st.comm_name, "op": None, "size_bucket": None,
+                   "transport": self._transport(job, st.comm)}
+        inc.evidence = {"comm": st.comm}
+        if pid:
+            inc.evidence["pid"] = pid
+        self._refresh(inc, st)
+        inc.confirmed = True
+        inc.severity = "critical"  # the communicator completes nothing: the job is stopped
+        inc.detected_ns = st.now_ns
+        self.book.emit(inc.event("firing", st.now_ns), out)
+
+    @staticmethod
+    def _refresh(inc: Incident, st: Stall) -> None:
+        inc.evidence["stalled"] = {
+            "comm": st.comm,
+            "waiting_s": round((st.now_ns - st.since_ns) / 1e9, 3),
+            "last_ns": st.now_ns,
+            "collective": st.colls,  # the waiting ranks' count: the one they wait in
+            "waiting_ranks": list(st.waiting[:MAX_LISTED]),
+            "behind_ranks": list(st.behind[:MAX_LISTED]),
+            "silent_ranks": list(st.silent[:MAX_LISTED]),
+        }
+
+    @staticmethod
+    def _root(job: JobState, st: Stall) -> int:
+        """The holder to name: a silent rank, else one behind that waits nowhere itself
+        (one waiting in another communicator is held up in turn), else the first."""
+        if st.silent:
+            return st.silent[0]
+        tracker = job.stalls
+        for r in st.behind:
+            host, pid = tracker.process_of(st.comm, r)
+            if not any(v[3] > 0 and v[5] == host and v[6] == pid for v in tracker.last.values()):
+                return r
+        return st.behind[0]
+
+    @staticmethod
+    def _process(job: JobState, comm: str, rank: int) -> tuple[str | None, int | None]:
+        """The rank's host and process id: from its own records, else from the windows."""
+        host, pid = job.stalls.process_of(comm, rank)
+        if host is not None:
+            return host, pid
+        for k in job.keys.values():
+            if k.comm == comm and rank in k.rank_host:
+                return k.rank_host[rank], k.rank_pid.get(rank)
+        return job.telemetry.rank_host.get((comm, rank)), None
+
+    @staticmethod
+    def _transport(job: JobState, comm: str) -> Any:
+        return next((k.transport for k in job.keys.values() if k.comm == comm), None)
