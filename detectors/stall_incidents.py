@@ -13,9 +13,10 @@ consequence, as for any straggler. It is raised only
 - for a communicator held by at most half its ranks (many silent ranks are lost
   telemetry, not a stall: that is ``telemetry_loss``'s).
 
-It ends once the job's windows pass the last record that showed it for
-``sustain_windows`` windows: operations complete again, and the job's throughput drop
-over the stall has been measured while it was open.
+It ends once the job's windows pass the last record that showed it by
+``sustain_windows`` windows (operations complete again) and the job's steps are back to
+normal (its drop over the stall is then judged while it is open, whatever order a driver
+delivers steps and windows in), or by ``throughput_hold_windows`` windows at most.
 """
 
 from __future__ import annotations
@@ -46,9 +47,15 @@ class StallIncidents:
         cfg = self.cfg
         tracker = job.stalls
         window = job.window_ns or DEFAULT_WINDOW_NS
+        tp = job.throughput
         for inc in [i for i in job.incidents.values() if is_stall(i)]:
             last = inc.evidence["stalled"]["last_ns"]
-            if job.watermark >= last + cfg.sustain_windows * window:
+            # The job's own steps back to normal too (a drop the stall cost is judged while
+            # it is open, in any driver's order), or long enough after.
+            recovered = (not self.book.reports_throughput(job)
+                         or tp.ts_ns > last and not tp.rule.firing and tp.pending_fire is None)
+            after = max(cfg.sustain_windows, cfg.throughput_hold_windows if not recovered else 0)
+            if job.watermark >= last + after * window:
                 # Operations complete again (windows end past it): forget what the stall
                 # wrote, so that the next one starts from the ranks' new records.
                 tracker.forget_before(last + 1)
@@ -63,7 +70,9 @@ class StallIncidents:
                         if is_stall(i) and i.evidence["stalled"]["comm"] == st.comm), None)
             if inc is not None:
                 self._refresh(inc, st)
-            elif st.holders and len(st.holders) <= max(1, st.nranks // 2):
+            elif (st.holders and len(st.holders) <= max(1, st.nranks // 2)
+                    and not tracker.was_raised(st.comm, st.since_ns)):
+                tracker.note_raised(st.comm, st.since_ns)
                 self._raise(job, st, out)
 
     @staticmethod

@@ -67,13 +67,22 @@ class StallTracker:
     []
     """
 
-    __slots__ = ("last", "meta", "now_ns")
+    __slots__ = ("last", "meta", "now_ns", "raised")
 
     def __init__(self) -> None:
         # (comm, rank) -> [ts_ns, prev_ts_ns, colls, in_flight, waiting_since_ns, host, pid]
         self.last: dict[tuple[str, int], list] = {}
         self.meta: dict[str, list] = {}  # comm -> [comm_name, nranks]
         self.now_ns = 0  # the newest record's time: the tracker's clock
+        # (comm, since_ns) of the stalls raised: one stall is raised once, whatever is
+        # read of it after it ended (a worker catching up reads its records late)
+        self.raised: list[list] = []
+
+    def was_raised(self, comm: str, since_ns: int) -> bool:
+        return [comm, since_ns] in self.raised
+
+    def note_raised(self, comm: str, since_ns: int) -> None:
+        self.raised = [*self.raised[-(MAX_LISTED - 1):], [comm, since_ns]]
 
     def see(self, comm: str, comm_name: str, nranks: int, rank: int, ts_ns: int, *, colls: int,
             in_flight: int, waiting_since_ns: int, host: str, pid: int) -> None:
@@ -126,7 +135,8 @@ class StallTracker:
 
     def to_state(self) -> dict[str, Any]:
         return {"last": [[c, r, *v] for (c, r), v in self.last.items()],
-                "meta": [[c, *m] for c, m in self.meta.items()], "now_ns": self.now_ns}
+                "meta": [[c, *m] for c, m in self.meta.items()], "now_ns": self.now_ns,
+                "raised": [list(x) for x in self.raised]}
 
     @classmethod
     def from_state(cls, st: dict[str, Any]) -> StallTracker:
@@ -134,4 +144,5 @@ class StallTracker:
         t.last = {(row[0], int(row[1])): list(row[2:]) for row in st["last"]}
         t.meta = {row[0]: list(row[1:]) for row in st["meta"]}
         t.now_ns = st["now_ns"]
+        t.raised = [list(x) for x in st.get("raised", ())]
         return t

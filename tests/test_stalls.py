@@ -242,3 +242,21 @@ def test_the_recorded_10s_stall_names_the_stopped_rank(tmp_path):
     assert fired.evidence["pid"] == fault["pid"] == 706 and fired.evidence["stalled"]["silent_ranks"] == [1]
     assert fired.severity == "critical"
     assert 2.5 * S <= fired.detected_ns - fault["start_ns"] <= 4.5 * S  # was a throughput_drop 13-14 s in
+
+
+def test_progress_read_after_the_windows_passed_it_is_one_stall():
+    """A worker catching up may read a stall's progress records after the windows that
+    followed it: the stall is raised once (at its own time) and ends, not once a record."""
+    p = Pipeline(DetectorConfig())
+    out = []
+    for t in range(40):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + 1))
+    for t in range(50, 70):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+    for t in range(41, 51):
+        out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
+    stalls = [(e.state, e.detected_ns // S) for e in out if "stalled" in e.evidence]
+    assert stalls[0] == ("firing", 43) and [s for s, _ in stalls] == ["firing", "resolved"]
