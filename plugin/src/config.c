@@ -91,6 +91,11 @@ void nw_config_load(struct nw_config* cfg, nw_nccl_logger logfn) {
   cfg->inspector_prom_interval_ms = (uint32_t)nw_env_u64(
       "NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS", 30000, 10, 24ULL * 3600 * 1000, logfn);
   cfg->debug = nw_env_bool("NCCLWATCH_DEBUG", false, logfn);
+  /* "0" turns progress records off; under 100 ms an ordinary slow op would look stuck. */
+  const char* progress = getenv("NCCLWATCH_PROGRESS_MS");
+  cfg->progress_ms = progress && !strcmp(progress, "0")
+                         ? 0
+                         : (uint32_t)nw_env_u64("NCCLWATCH_PROGRESS_MS", 1000, 100, 600000, logfn);
   cfg->test_writer_delay_us =
       (uint32_t)nw_env_u64("NCCLWATCH_TEST_WRITER_DELAY_US", 0, 0, 1000000, logfn);
 }

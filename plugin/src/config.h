@@ -26,6 +26,7 @@ struct nw_config {
   char inspector_prom_dir[1024]; /* NCCLWATCH_INSPECTOR_PROM_DIR ("" = off) */
   uint32_t inspector_prom_interval_ms; /* NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS */
   bool debug;                   /* NCCLWATCH_DEBUG: log each host-timed op's channel counts */
+  uint32_t progress_ms;         /* NCCLWATCH_PROGRESS_MS: progress records after this wait; 0 off */
   uint32_t test_writer_delay_us; /* NCCLWATCH_TEST_WRITER_DELAY_US (test knob) */
 };
 

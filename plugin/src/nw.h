@@ -95,6 +95,16 @@ struct nw_ctx {
    * nw_ctx_desync): GPU timings of ops launched from this time on are not trusted. */
   _Atomic int64_t desync_since_ns; /* INT64_MAX: never */
   _Atomic uint64_t untrusted_ops;  /* ops recorded host-timed because of that */
+  /* Progress, for the writer's `progress` records (nw_prog_*, writer.c): relaxed counters,
+   * a heuristic snapshot. Side by side: a start or a completion touches one cache line (two
+   * at worst). The comm has waited without finishing anything since
+   * max(busy_since_ns, last_done_ns): a completion's time doubles as the restart of the
+   * wait, which saves it a store. */
+  _Atomic uint64_t issued;        /* Coll/P2p ops given a slot, hence sure to complete */
+  _Atomic uint64_t colls;         /* of which collectives */
+  _Atomic uint64_t done;          /* completed: recorded or dropped, whatever the path */
+  _Atomic int64_t last_done_ns;   /* CLOCK_REALTIME(_COARSE) of the last completion, 0: none */
+  _Atomic int64_t busy_since_ns;  /* launch of the last op that found nothing in flight */
 };
 
 struct nw_ring;
@@ -163,6 +173,24 @@ void nw_cal_init(struct nw_comm* comm);
 void nw_cal_sample(struct nw_comm* comm, int64_t host_ns, uint64_t gpu_ns);
 /* INT64_MAX while there is no sample. */
 int64_t nw_cal_offset(const struct nw_comm* comm);
+
+/* Progress counters (struct nw_ctx), on the hot path. An op took a slot, launched at
+ * launch_ns: called before the slot is published, so the op's done++ comes after this. */
+static inline void nw_prog_start(struct nw_ctx* ctx, bool p2p, int64_t launch_ns) {
+  uint64_t before = atomic_fetch_add_explicit(&ctx->issued, 1, memory_order_relaxed);
+  if (!p2p) atomic_fetch_add_explicit(&ctx->colls, 1, memory_order_relaxed);
+  /* Nothing was in flight: the wait starts now. A completion racing with this load is
+   * harmless: its last_done_ns is about now as well. */
+  if (atomic_load_explicit(&ctx->done, memory_order_relaxed) == before)
+    atomic_store_explicit(&ctx->busy_since_ns, launch_ns, memory_order_relaxed);
+}
+/* An op left its slot: recorded, or dropped, whichever path got it there. Release, so a
+ * writer that sees this done++ (acquire) also sees the op's issued++: done <= issued.
+ * (On x86 a release RMW is the same instruction as a relaxed one.) */
+static inline void nw_prog_done(struct nw_ctx* ctx) {
+  atomic_fetch_add_explicit(&ctx->done, 1, memory_order_release);
+  atomic_store_explicit(&ctx->last_done_ns, nw_coarse_now_ns(), memory_order_relaxed);
+}
 
 /* ring.c */
 int nw_rings_start(void);

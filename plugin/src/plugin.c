@@ -137,6 +137,7 @@ static void* nw_op_start(struct nw_ctx* ctx, bool p2p, const char* func, const c
   op->in_flight = expect > 0 && atomic_load_explicit(&nw_g.sampling, memory_order_relaxed);
   if (op->in_flight) atomic_fetch_add_explicit(&nw_g.timed_in_flight, 1, memory_order_relaxed);
   op->launch_ns = nw_now_ns();
+  nw_prog_start(ctx, p2p, op->launch_ns);
   atomic_store_explicit(&op->stopped_ns, 0, memory_order_relaxed);
   atomic_store_explicit(&op->gpu_start, UINT64_MAX, memory_order_relaxed);
   atomic_store_explicit(&op->gpu_stop, 0, memory_order_relaxed);

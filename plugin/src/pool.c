@@ -30,6 +30,11 @@ int nw_ctx_pool_init(struct nw_ctx* ctx, uint32_t n_ops) {
   atomic_init(&ctx->newest_started_launch_ns, INT64_MIN);
   atomic_init(&ctx->desync_since_ns, INT64_MAX);
   atomic_init(&ctx->untrusted_ops, 0);
+  atomic_init(&ctx->issued, 0);
+  atomic_init(&ctx->colls, 0);
+  atomic_init(&ctx->done, 0);
+  atomic_init(&ctx->last_done_ns, 0);
+  atomic_init(&ctx->busy_since_ns, 0);
   return 0;
 }
 
@@ -96,6 +101,9 @@ void nw_ctx_desync(struct nw_ctx* ctx, int64_t since_ns, const char* why) {
 /* Called by whoever took `life` to zero: turn the slot into a record, free the slot, push. */
 static void nw_op_complete(struct nw_op* op, uint32_t gen, bool reaped) {
   struct nw_op_rec rec = op->rec;
+  /* Every way out below (a record, an untimed or ring_full drop) counts: issued - done must
+   * come back to 0 whatever happens to the op's line. */
+  nw_prog_done(op->ctx);
   if (op->in_flight) atomic_fetch_sub_explicit(&nw_g.timed_in_flight, 1, memory_order_relaxed);
   uint64_t gs = atomic_load_explicit(&op->gpu_start, memory_order_relaxed);
   uint64_t ge = atomic_load_explicit(&op->gpu_stop, memory_order_relaxed);

@@ -8,6 +8,10 @@
  * write_error); the counts reach the spool as `drop` records once there is room, and in
  * every `plugin_stats` record (first line of each segment, each finalize, exit).
  * A partial line left by a failed write is cut off, so readers only ever see whole lines.
+ *
+ * While some communicator of the process has had an op in flight for NCCLWATCH_PROGRESS_MS
+ * without completing anything, the writer also writes a `progress` line per communicator,
+ * at most once per interval, so a hung job says which rank holds the others up.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -31,7 +35,15 @@
 #define NW_PROC_FIELDS (2 * 6 * NW_NAME_MAX + 128) /* two escaped names + pid */
 #define NW_REAP_PERIOD_NS (200LL * 1000 * 1000)
 
-enum { NW_LINE_OP = -1, NW_LINE_STATS = -2 }; /* else: a drop line for that reason */
+/* else: a drop line for that reason */
+enum { NW_LINE_OP = -1, NW_LINE_STATS = -2, NW_LINE_PROGRESS = -3 };
+
+/* One communicator's progress counters, copied under ctx_mu and written after it. */
+struct nw_prog_snap {
+  const struct nw_comm* comm; /* outlives its context: freed only after the writer stops */
+  uint64_t issued, colls, done;
+  int64_t waiting_since_ns, last_done_ns;
+};
 
 struct nw_writer {
   pthread_t th;
@@ -63,6 +75,10 @@ struct nw_writer {
 
   int64_t last_reap_ns;
   uint64_t delay_counter;
+
+  struct nw_prog_snap* prog;
+  size_t prog_cap;
+  int64_t last_progress_ns; /* monotonic; 0: none yet */
 };
 
 static struct nw_writer* _Atomic nw_w;
@@ -154,7 +170,7 @@ static void nw_w_flush(struct nw_writer* w) {
       continue;
     }
     enum nw_drop_reason why = (err == ENOSPC || err == EDQUOT) ? NW_DROP_DISK_FULL : NW_DROP_WRITE_ERROR;
-    if (w->line_tag[i] == NW_LINE_OP) nw_count_drop(why);
+    if (w->line_tag[i] == NW_LINE_OP || w->line_tag[i] == NW_LINE_PROGRESS) nw_count_drop(why);
     else if (w->line_tag[i] >= 0) nw_g.drops_reported[w->line_tag[i]] -= w->line_count[i];
   }
   if (err) {
@@ -388,6 +404,84 @@ static void nw_w_stats(struct nw_writer* w, bool final) {
   nw_w_flush(w);
 }
 
+/* Copy every live communicator's counters; true when one of them has had work in flight,
+ * with nothing completed, for the progress interval. */
+static bool nw_w_prog_snapshot(struct nw_writer* w, int64_t now, int64_t interval_ns, size_t* n) {
+  bool stuck = false;
+  *n = 0;
+  pthread_mutex_lock(&nw_g.ctx_mu);
+  size_t live = 0;
+  for (struct nw_ctx* c = nw_g.ctxs; c; c = c->next) live++;
+  if (live > w->prog_cap) {
+    struct nw_prog_snap* p = realloc(w->prog, live * sizeof *p);
+    if (p) {
+      w->prog = p;
+      w->prog_cap = live;
+    }
+  }
+  for (struct nw_ctx* c = nw_g.ctxs; c && *n < w->prog_cap; c = c->next) { /* OOM: the first */
+    struct nw_prog_snap* p = &w->prog[(*n)++];
+    p->comm = c->comm;
+    /* done first, with acquire: every op it counts has its issued++ visible below. */
+    p->done = atomic_load_explicit(&c->done, memory_order_acquire);
+    p->issued = atomic_load_explicit(&c->issued, memory_order_relaxed);
+    p->colls = atomic_load_explicit(&c->colls, memory_order_relaxed);
+    p->last_done_ns = atomic_load_explicit(&c->last_done_ns, memory_order_relaxed);
+    int64_t busy = atomic_load_explicit(&c->busy_since_ns, memory_order_relaxed);
+    if (p->issued < p->done) p->issued = p->done; /* cannot happen (see nw_prog_done) */
+    p->waiting_since_ns = 0;
+    if (p->issued > p->done) {
+      p->waiting_since_ns = busy > p->last_done_ns ? busy : p->last_done_ns;
+      if (now - p->waiting_since_ns >= interval_ns) stuck = true;
+    }
+  }
+  pthread_mutex_unlock(&nw_g.ctx_mu);
+  return stuck;
+}
+
+/* Progress records: only while some communicator is stuck, then one line for every
+ * communicator (an idle one shows where this rank is not waiting), once per interval. A
+ * healthy job completes ops all the time and never writes one. */
+static void nw_w_progress(struct nw_writer* w) {
+  int64_t interval_ns = (int64_t)nw_g.cfg.progress_ms * 1000000LL;
+  int64_t mono = nw_mono_ns();
+  if (!interval_ns || (w->last_progress_ns && mono - w->last_progress_ns < interval_ns)) return;
+  int64_t now = nw_now_ns();
+  size_t n;
+  if (!nw_w_prog_snapshot(w, now, interval_ns, &n)) return;
+  w->last_progress_ns = mono;
+  for (size_t i = 0; i < n; i++) {
+    const struct nw_prog_snap* p = &w->prog[i];
+    const struct nw_comm* c = p->comm;
+    struct nw_buf* b = &w->line;
+    nw_buf_reset(b);
+    nw_buf_puts(b, "{\"v\":1,\"kind\":\"progress\",");
+    nw_buf_puts(b, w->proc_fields); /* job, host, pid */
+    nw_buf_puts(b, ",\"gpu\":");
+    nw_json_str(b, c->gpu);
+    nw_buf_printf(b, ",\"comm\":\"%s\",\"comm_name\":", c->hash_hex);
+    nw_json_str(b, c->name);
+    nw_buf_printf(b, ",\"rank\":%d,\"nranks\":%d,\"ts_ns\":", c->rank, c->nranks);
+    nw_buf_i64(b, now);
+    nw_buf_puts(b, ",\"issued\":");
+    nw_buf_u64(b, p->issued);
+    nw_buf_puts(b, ",\"colls\":");
+    nw_buf_u64(b, p->colls);
+    nw_buf_puts(b, ",\"done\":");
+    nw_buf_u64(b, p->done);
+    nw_buf_puts(b, ",\"in_flight\":");
+    nw_buf_u64(b, p->issued - p->done);
+    nw_buf_puts(b, ",\"waiting_since_ns\":");
+    nw_buf_i64(b, p->waiting_since_ns);
+    nw_buf_puts(b, ",\"last_done_ns\":");
+    nw_buf_i64(b, p->last_done_ns);
+    nw_buf_puts(b, "}\n");
+    /* Lost like an op line would be: counted as a drop of the same reason. */
+    if (!nw_w_append(w, b, NW_LINE_PROGRESS, 1, false))
+      nw_count_drop(b->overflow ? NW_DROP_OTHER : w->closed_reason);
+  }
+}
+
 static void nw_w_pass(struct nw_writer* w, bool final) {
   w->pass++;
   nw_rings_drain(nw_w_op, w, (size_t)nw_g.cfg.ring_records);
@@ -402,6 +496,9 @@ static void nw_w_pass(struct nw_writer* w, bool final) {
     pthread_mutex_unlock(&nw_g.ctx_mu);
     if (reaped) nw_rings_drain(nw_w_op, w, 0);
   }
+  /* After the reaper, so an op it just gave up on no longer counts as stuck. At the end
+   * every open op has been recorded already: nothing to say. */
+  if (!final) nw_w_progress(w);
   nw_w_drops(w, final);
   nw_w_flush(w);
   nw_insp_tick(final);
@@ -419,7 +516,10 @@ static void* nw_writer_main(void* arg) {
     if (!w->stop && !w->stats_req) {
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
-      uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)nw_g.cfg.flush_ms * 1000000ULL;
+      /* Progress is checked at every pass: wake at least twice per progress interval. */
+      uint64_t ms = nw_g.cfg.flush_ms;
+      if (nw_g.cfg.progress_ms && nw_g.cfg.progress_ms / 2 < ms) ms = nw_g.cfg.progress_ms / 2;
+      uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ULL;
       ts.tv_sec += (time_t)(ns / 1000000000ULL);
       ts.tv_nsec = (long)(ns % 1000000000ULL);
       pthread_cond_timedwait(&w->cv, &w->mu, &ts);
@@ -535,5 +635,6 @@ void nw_writer_stop(bool release) {
   free(w->batch.data);
   free(w->line.data);
   free(w->line_aux.data);
+  free(w->prog);
   free(w);
 }

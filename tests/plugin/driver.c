@@ -6,11 +6,13 @@
  *
  * Usage: driver <plugin.so> <outdir> <stress_events>
  * Every scenario writes under <outdir>/<scenario>/; tests/test_plugin_output.py validates
- * all those lines against the record contract afterwards.
+ * all those lines against the record contract afterwards. NW_TEST_ONLY=a,b runs only the
+ * scenarios named (tests/test_plugin_progress.py runs the progress-* ones that way).
  */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -101,9 +103,20 @@ static const char* const all_env[] = {
     "NCCLWATCH_REQUIRE_GPU_TIMING",
     "NCCLWATCH_PROXY_EVENTS", "NCCLWATCH_INSPECTOR_JSON_DIR", "NCCLWATCH_INSPECTOR_PROM_DIR",
     "NCCLWATCH_INSPECTOR_PROM_INTERVAL_MS", "NCCLWATCH_TEST_WRITER_DELAY_US",
+    "NCCLWATCH_PROGRESS_MS",
 };
 
 static char spool_root[PATH_MAX];
+
+static const char* only; /* NW_TEST_ONLY: comma-separated scenario names, NULL: all */
+
+static bool selected(const char* name) {
+  if (!only) return true;
+  size_t n = strlen(name);
+  for (const char* p = only; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+    if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == '\0')) return true;
+  return false;
+}
 
 /* Fresh environment for one scenario: its own spool directory under outdir. */
 static void begin(const char* name, const char* job) {
@@ -307,6 +320,23 @@ static void check_spool_common(const struct spool* s) {
     } else if (!strcmp(kind, "plugin_stats")) {
       CHECK(v->n == 10, "plugin_stats has %zu fields", v->n);
       CHECK(mj_get(v, "dropped")->n == 7, "all 7 drop reasons listed");
+    } else if (!strcmp(kind, "progress")) {
+      static const char* const keys[17] = {"v", "kind", "job", "host", "pid", "gpu", "comm", "comm_name",
+                                           "rank", "nranks", "ts_ns", "issued", "colls", "done",
+                                           "in_flight", "waiting_since_ns", "last_done_ns"};
+      CHECK(v->n == 17, "progress record has %zu fields", v->n);
+      for (size_t k = 0; k < 17 && k < v->n; k++)
+        CHECK(!strcmp(v->keys[k], keys[k]), "progress field %zu is %s, want %s", k, v->keys[k], keys[k]);
+      int64_t issued = mj_int(v, "issued"), done = mj_int(v, "done"), in_flight = mj_int(v, "in_flight");
+      int64_t ts = mj_int(v, "ts_ns"), since = mj_int(v, "waiting_since_ns"), last = mj_int(v, "last_done_ns");
+      CHECK(done >= 0 && in_flight >= 0 && in_flight == issued - done, "in_flight = issued - done");
+      CHECK(mj_int(v, "colls") >= 0 && mj_int(v, "colls") <= issued, "colls <= issued");
+      CHECK(ts > 1600000000000000000LL, "progress ts_ns is wall-clock");
+      CHECK(in_flight ? since > 1600000000000000000LL && since <= ts : since == 0, "waiting_since_ns %lld",
+            (long long)since);
+      CHECK(last == 0 ? done == 0 : last > 1600000000000000000LL && last <= ts, "last_done_ns %lld",
+            (long long)last);
+      CHECK(strlen(mj_str(v, "comm")) == 18 && !strncmp(mj_str(v, "comm"), "0x", 2), "comm hex");
     } else {
       CHECK(0, "unexpected kind %s", kind);
     }
@@ -1075,6 +1105,8 @@ static void scenario_reaper(void) {
    * recorded (host-timed) about a second after a later op of its communicator started. */
   begin("orphan", "orphan-job");
   setenv("NCCLWATCH_FLUSH_MS", "10", 1);
+  /* The orphan waits about a second in flight: its progress lines would race the reaper. */
+  setenv("NCCLWATCH_PROGRESS_MS", "0", 1);
   comm_init5(&c, 0x6667, "orphan", 1, 2, 0);
   void* lost = ev_coll(c.ctx, NULL, "Reduce", "ncclFloat32", 64, 0, 1, 0);
   stop(lost);
@@ -1712,6 +1744,275 @@ static void scenario_exit(void) {
   g_child = false;
 }
 
+/* --- progress records ------------------------------------------------------------- */
+
+static int rm_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+/* A full run removes a progress scenario's spool once checked: tests/test_plugin_output.py
+ * validates a full run's lines as op/drop/plugin_stats records only, while
+ * tests/test_plugin_progress.py runs these scenarios by name and reads their lines. */
+static void progress_scenario_done(struct spool* s) {
+  end_scenario(s);
+  if (only) return;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/%s", outdir, scenario);
+  nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* The progress lines of one communicator (comm NULL: of all), in file order. */
+static size_t progress_of(const struct spool* s, const char* comm, const struct mj** out, size_t max) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->n; i++)
+    if (is_kind(s->recs[i], "progress") && (!comm || !strcmp(mj_str(s->recs[i], "comm"), comm)) && n < max)
+      out[n++] = s->recs[i];
+  return n;
+}
+
+/* A collective enqueued whose only channel started on the GPU and never stops: NCCL's view
+ * of a hung collective. Returns the channel's handle, to stop it with kch_stop. */
+static void* start_stuck(struct comm* c, uint64_t seq) {
+  void* api = ev_api(c->ctx, NW_EV_COLL_API, false);
+  void* h = ev_coll(c->ctx, api, "AllReduce", "ncclFloat32", 1024, -1, 1, seq);
+  stop(api);
+  stop(h);
+  REQUIRE(h, "the stuck op has a slot");
+  return kch_start(c->ctx, h, 0, gpu_now());
+}
+
+/* A hung AllReduce on one communicator, another one idle: every interval, a progress line
+ * for both, the stuck one in flight since the AllReduce's launch; none once it completed. */
+static void scenario_progress_hang(void) {
+  begin("progress-hang", "progress-job");
+  setenv("NCCLWATCH_PROGRESS_MS", "500", 1);
+  struct comm a, b;
+  comm_init5(&a, 0xd00d, "stuck", 1, 2, 0);
+  comm_init5(&b, 0xd00e, "idle", 1, 2, 1);
+  uint64_t seq = 0, seq_b = 0;
+  play_simple(&a, 3, &seq);
+  struct op send = {"Send", "ncclInt8", 64, 1, 1, 0, true, false, 0, 500};
+  play(a.ctx, &send); /* counted in issued, not in colls */
+  play_simple(&b, 2, &seq_b);
+  int64_t t_start = now_ns();
+  void* k = start_stuck(&a, seq++);
+  sleep_ms(2500);
+  kch_stop(k, gpu_now());
+  int64_t t_done = now_ns();
+  play_simple(&a, 3, &seq);
+  play_simple(&b, 1, &seq_b);
+  sleep_ms(700); /* more than an interval with nothing stuck: nothing may be written */
+  P5->finalize(b.ctx);
+  P5->finalize(a.ctx);
+
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  const struct mj* pa[64];
+  const struct mj* pb[64];
+  size_t na = progress_of(&s, a.hex, pa, 64), nb = progress_of(&s, b.hex, pb, 64);
+  CHECK(na >= 2 && na <= 6 && nb == na, "2 to 6 progress lines per communicator in 2.5 s: %zu and %zu", na, nb);
+  for (size_t i = 0; i < na; i++) {
+    const struct mj* v = pa[i];
+    int64_t ts = mj_int(v, "ts_ns"), since = mj_int(v, "waiting_since_ns");
+    CHECK(mj_int(v, "in_flight") == 1 && mj_int(v, "issued") == 5 && mj_int(v, "colls") == 4 &&
+              mj_int(v, "done") == 4,
+          "stuck comm: issued %lld colls %lld done %lld in_flight %lld", (long long)mj_int(v, "issued"),
+          (long long)mj_int(v, "colls"), (long long)mj_int(v, "done"), (long long)mj_int(v, "in_flight"));
+    CHECK(since >= t_start && since - t_start < 1000000000LL, "waiting since the launch: %lld ns after",
+          (long long)(since - t_start));
+    CHECK(mj_int(v, "last_done_ns") > 0 && mj_int(v, "last_done_ns") <= t_start, "last completion before the hang");
+    CHECK(ts - since >= 500000000LL && ts < t_done, "written while stuck, after the interval");
+    CHECK(i == 0 || ts - mj_int(pa[i - 1], "ts_ns") >= 450000000LL, "at most one line per interval");
+    CHECK(!strcmp(mj_str(v, "comm_name"), "stuck") && mj_int(v, "rank") == 0 && mj_int(v, "nranks") == 2 &&
+              !strcmp(mj_str(v, "job"), "progress-job"),
+          "the communicator's fields");
+    if (i < nb) {
+      const struct mj* w = pb[i];
+      CHECK(mj_int(w, "ts_ns") == ts, "both communicators in the same pass");
+      CHECK(mj_int(w, "in_flight") == 0 && mj_int(w, "waiting_since_ns") == 0 && mj_int(w, "issued") == 2 &&
+                mj_int(w, "colls") == 2 && mj_int(w, "done") == 2 && mj_int(w, "rank") == 1,
+            "idle comm: nothing in flight");
+    }
+  }
+  const struct mj* r = find_op(&s, a.hex, "AllReduce", -1, 3);
+  CHECK(r && !strcmp(mj_str(r, "timing"), "kernel_gpu") && mj_int(r, "exec_ns") >= 2400000000LL,
+        "the stuck op is recorded once it completes");
+  CHECK(count_kind(&s, "op") == 11, "11 ops, got %zu", count_kind(&s, "op"));
+  progress_scenario_done(&s);
+}
+
+/* Back-to-back ops, idle gaps, an op held shorter than the interval: never a progress line. */
+static void scenario_progress_normal(void) {
+  begin("progress-normal", "progress-job");
+  setenv("NCCLWATCH_PROGRESS_MS", "100", 1);
+  struct comm a, b;
+  comm_init5(&a, 0xd10d, "busy", 1, 2, 0);
+  comm_init5(&b, 0xd10e, "busy2", 1, 2, 0);
+  uint64_t seq = 0, seq_b = 0;
+  int64_t end = now_ns() + 600000000LL;
+  for (int round = 0; now_ns() < end; round++) {
+    play_simple(&a, 20, &seq);
+    struct op send = {"Send", "ncclInt8", 64, 1, 1, (uint64_t)round, true, false, 0, 500};
+    play(b.ctx, &send);
+    play_simple(&b, 5, &seq_b);
+    if (round % 4 == 1) sleep_ms(150); /* idle: nothing in flight is not a hang */
+    if (round % 4 == 3) {
+      void* k = start_stuck(&a, seq++);
+      play_simple(&b, 5, &seq_b);
+      sleep_ms(40);
+      kch_stop(k, gpu_now());
+    }
+  }
+  P5->finalize(a.ctx);
+  P5->finalize(b.ctx);
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  CHECK(count_kind(&s, "progress") == 0, "no progress line while ops complete: %zu", count_kind(&s, "progress"));
+  CHECK(count_kind(&s, "op") > 100 && dropped_total(&s) == 0, "ops recorded");
+  progress_scenario_done(&s);
+}
+
+/* Every way an op can leave its slot counts as done (dropped untimed, host-timed, sampled
+ * out, reaped, pool_full never counted): a quiet communicator writes nothing, and a stuck
+ * op later shows exactly the ops issued. */
+static void scenario_progress_balance(void) {
+  begin("progress-balance", "progress-job");
+  setenv("NCCLWATCH_PROGRESS_MS", "100", 1);
+  setenv("NCCLWATCH_POOL_OPS", "4", 1);
+  setenv("NCCLWATCH_REQUIRE_GPU_TIMING", "1", 1);
+  setenv("NCCLWATCH_OP_TIMEOUT_MS", "50", 1);
+  setenv("NCCLWATCH_TIMING_SAMPLE", "1000000", 1);
+  setenv("NCCLWATCH_TIMING_KEY_MS", "0", 1);
+  struct comm c;
+  comm_init5(&c, 0xba1a, "balance", 1, 2, 0);
+  int64_t issued = 0, colls = 0;
+  uint64_t seq = 0;
+  play_simple(&c, 3, &seq); /* GPU-timed, recorded */
+  issued += 3, colls += 3;
+  struct op host = {"ReduceScatter", "ncclFloat32", 100, -1, 0, 0, false, false, 0, 0};
+  play(c.ctx, &host); /* host-timed: dropped as untimed */
+  issued++, colls++;
+  void* hs[6]; /* 4 slots: 2 starts get none and are never issued (pool_full) */
+  uint64_t t = gpu_now() - 1000;
+  for (int i = 0; i < 6; i++) {
+    hs[i] = ev_coll(c.ctx, NULL, "AllReduce", "ncclFloat32", 10, -1, 1, seq++);
+    issued += hs[i] != NULL, colls += hs[i] != NULL;
+  }
+  for (int i = 0; i < 6; i++) {
+    stop(hs[i]);
+    kch_stop(kch_start(c.ctx, hs[i], 0, t), t + 100);
+  }
+  /* Reaped after NCCLWATCH_OP_TIMEOUT_MS, host-timed, dropped as untimed. */
+  void* h = ev_coll(c.ctx, NULL, "AllReduce", "ncclFloat32", 64, -1, 2, seq++);
+  void* k0 = kch_start(c.ctx, h, 0, gpu_now());
+  stop(h);
+  issued++, colls++;
+  sleep_ms(600);
+  kch_stop(k0, gpu_now()); /* late: ignored */
+  void* self = ev_p2p(c.ctx, NULL, "Send", "ncclInt8", 64, 0, 2); /* to self */
+  stop(self);
+  issued++;
+  for (int i = 0; i < 5; i++) { /* the first group GPU-timed, the others sampled out */
+    struct sgroup g = {.seq = seq++, .key = "AllReduce", .count = 64};
+    play_group(&c, &g);
+    for (int j = 0; j < 3; j++) issued += g.h[j] != NULL, colls += j == 0 && g.h[j];
+  }
+  int64_t t_quiet = now_ns();
+  sleep_ms(350);
+  int64_t t_stuck = now_ns();
+  /* Stuck before even its "enqueued" stop, which the reaper's 50 ms count from. No API
+   * event: the sampler left KernelCh off, and a sampled-out op completes at that stop. */
+  h = ev_coll(c.ctx, NULL, "AllReduce", "ncclFloat32", 1024, -1, 1, seq++);
+  REQUIRE(h, "the stuck op has a slot");
+  issued++, colls++;
+  sleep_ms(350);
+  stop(h);
+  t = gpu_now() - 1000;
+  kch_stop(kch_start(c.ctx, h, 0, t), t + 100);
+  P5->finalize(c.ctx);
+
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  const struct mj* p[64];
+  size_t n = progress_of(&s, NULL, p, 64), quiet = 0, stuck = 0;
+  for (size_t i = 0; i < n; i++) {
+    int64_t ts = mj_int(p[i], "ts_ns");
+    quiet += ts >= t_quiet && ts < t_stuck;
+    if (ts < t_stuck) continue;
+    stuck++;
+    CHECK(mj_int(p[i], "in_flight") == 1 && mj_int(p[i], "issued") == issued && mj_int(p[i], "colls") == colls,
+          "issued %lld (want %lld), colls %lld (want %lld), in_flight %lld", (long long)mj_int(p[i], "issued"),
+          (long long)issued, (long long)mj_int(p[i], "colls"), (long long)colls,
+          (long long)mj_int(p[i], "in_flight"));
+  }
+  CHECK(quiet == 0, "nothing in flight after every kind of completion: %zu progress lines", quiet);
+  CHECK(stuck >= 1, "the stuck op is reported");
+  CHECK(dropped(&s, "pool_full") == 2 && dropped(&s, "untimed") >= 3, "pool_full %lld, untimed %lld",
+        (long long)dropped(&s, "pool_full"), (long long)dropped(&s, "untimed"));
+  progress_scenario_done(&s);
+}
+
+/* NCCLWATCH_PROGRESS_MS=0: a stuck op past the default interval writes nothing. */
+static void scenario_progress_off(void) {
+  begin("progress-off", "progress-job");
+  setenv("NCCLWATCH_PROGRESS_MS", "0", 1);
+  struct comm c;
+  comm_init5(&c, 0xd20d, "off", 1, 2, 0);
+  uint64_t seq = 0;
+  play_simple(&c, 2, &seq);
+  void* k = start_stuck(&c, seq++);
+  sleep_ms(1400);
+  kch_stop(k, gpu_now());
+  P5->finalize(c.ctx);
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  CHECK(count_kind(&s, "progress") == 0 && count_kind(&s, "op") == 3, "off: no progress line");
+  CHECK(log_warnings == 0, "0 is a valid value");
+  progress_scenario_done(&s);
+}
+
+/* A bad value is reported like every knob's and the default (1000 ms) is used. */
+static void scenario_progress_config(void) {
+  begin("progress-config", "progress-job");
+  setenv("NCCLWATCH_PROGRESS_MS", "abc", 1);
+  struct comm c;
+  comm_init5(&c, 0xd30d, "cfg", 1, 2, 0);
+  pthread_mutex_lock(&log_mu);
+  CHECK(log_warnings == 1 && strstr(log_text, "ignoring NCCLWATCH_PROGRESS_MS=\"abc\"") &&
+            strstr(log_text, "using 1000"),
+        "the bad value reported through NCCL's logger:\n%s", log_text);
+  pthread_mutex_unlock(&log_mu);
+  uint64_t seq = 0;
+  void* k = start_stuck(&c, seq++);
+  sleep_ms(1800); /* a line after 1.0-1.2 s, the next one not before 2.0 s */
+  kch_stop(k, gpu_now());
+  P5->finalize(c.ctx);
+  /* Out of range, below: the same. */
+  log_reset();
+  setenv("NCCLWATCH_PROGRESS_MS", "50", 1);
+  comm_init5(&c, 0xd30e, "cfg2", 1, 2, 0);
+  P5->finalize(c.ctx);
+  pthread_mutex_lock(&log_mu);
+  CHECK(log_warnings == 1 && strstr(log_text, "ignoring NCCLWATCH_PROGRESS_MS=\"50\": expected an integer in "
+                                              "[100, 600000]; using 1000"),
+        "out of range reported:\n%s", log_text);
+  pthread_mutex_unlock(&log_mu);
+  struct spool s;
+  spool_read(&s, spool_root);
+  check_spool_common(&s);
+  const struct mj* p[16];
+  size_t n = progress_of(&s, NULL, p, 16);
+  CHECK(n == 1, "one progress line in 1.8 s at the default interval, got %zu", n);
+  for (size_t i = 0; i < n; i++)
+    CHECK(mj_int(p[i], "ts_ns") - mj_int(p[i], "waiting_since_ns") >= 1000000000LL, "after 1000 ms");
+  progress_scenario_done(&s);
+}
+
 int main(int argc, char** argv) {
   self_path = argv[0];
   gethostname(g_host, sizeof g_host - 1);
@@ -1737,9 +2038,9 @@ int main(int argc, char** argv) {
   if (getenv("NW_TEST_THREAD_OPS")) THR_OPS = strtoull(getenv("NW_TEST_THREAD_OPS"), NULL, 10);
   mkdir(outdir, 0755);
   /* NW_TEST_ONLY=name runs one scenario (debugging). */
-  const char* only = getenv("NW_TEST_ONLY");
+  only = getenv("NW_TEST_ONLY");
 #define RUN(name, call) \
-  if (!only || !strcmp(only, name)) call
+  if (selected(name)) call
   RUN("basic", scenario_basic());
   RUN("threads", scenario_threads());
   RUN("pool_full", scenario_pool_full());
@@ -1754,6 +2055,11 @@ int main(int argc, char** argv) {
   RUN("untimed", scenario_untimed());
   RUN("restart", scenario_restart());
   RUN("exit", scenario_exit());
+  RUN("progress-hang", scenario_progress_hang());
+  RUN("progress-normal", scenario_progress_normal());
+  RUN("progress-balance", scenario_progress_balance());
+  RUN("progress-off", scenario_progress_off());
+  RUN("progress-config", scenario_progress_config());
   RUN("stress", scenario_stress(stress_events));
   dlclose(lib);
   if (failures) {
