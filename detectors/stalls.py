@@ -115,7 +115,10 @@ class StallTracker:
             by_comm.setdefault(comm, []).append((rank, v))
         out = []
         for comm, ranks in by_comm.items():
-            waiting = [(r, v) for r, v in ranks if v[3] > 0 and v[4] and now - v[4] >= min_wait_ns]
+            # Waiting: seen so twice (a stopped process, resumed, writes one record of the
+            # wait it slept through before its op completes: that is not a wait seen).
+            waiting = [(r, v) for r, v in ranks
+                       if v[3] > 0 and v[4] and v[1] >= v[4] and now - v[4] >= min_wait_ns]
             if not waiting:
                 continue
             spacing = sorted(v[0] - v[1] for _, v in waiting if v[1])

@@ -154,3 +154,43 @@ def test_the_long_stalls_as_they_are_now(rows):
         r = rows[name]
         assert (r["expected"], r["got"], r["ok"]) == ("straggler", "-", False), table
         assert r["drop"] > 0.9 and [a.split("@")[0] for a in r["false_alerts"]] == ["throughput_drop"], table
+
+
+def test_stalls_through_the_plugin_s_progress_records(rows):
+    """Plan `bb` (split `heldout_6`), recorded once the plugin wrote progress records and
+    the detectors read them, judged once by them: one process stopped once for 6, 8, 10
+    and 20 s (either rank; steps synced in NCCL or with gloo's barrier) is named, by its
+    silence while its peer waits, about 3 s in (`detector.stall_after_s`), critical, and
+    nothing else is raised; a clean run writes no progress record and raises nothing; a
+    process stopped 30 % of every 0.5 s (too short for a record) is still the job's drop."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_6"])])
+    stalls = ["p1x2-stall-r1-8s", "p1x2-sync-stall-r0-6s", "p1x2-sync-stall-r1-10s-prog", "p1x2-sync-stall-r1-20s"]
+    for name in stalls:
+        r = rows[name]
+        assert (r["got"].split(" rank ")[0], r["severity"], r["false_alerts"], r["ok"]) == (
+            "straggler", "critical", [], True), table
+        assert 2.5 <= r["delay_s"] <= 4.0, table
+    assert rows["p1x2-sync-clean-prog"]["ok"] and rows["p1x2-sync-clean-prog"]["got"] == "-", table
+    r = rows["p1x2-sync-freeze-r1-0.3-prog"]
+    assert not r["ok"] and [a.split("@")[0] for a in r["false_alerts"]] == ["throughput_drop"], table
+
+
+@pytest.mark.parametrize("name,lines", [("p1x2-sync-clean-prog", 0), ("p1x2-sync-freeze-r1-0.3-prog", 0),
+                                        ("p1x2-sync-stall-r1-20s", 40)])
+def test_the_plugin_writes_progress_only_while_a_process_waits(name, lines, tmp_path):
+    """Real NCCL 2.28: no record while ops complete (nor for stops of 150 ms); the 20-s
+    stall's waiting process writes one a second for each of its two communicators; the
+    stopped one, as it resumes, one each (its op was in flight all along), then none."""
+    import tarfile
+
+    with tarfile.open(FIXTURES / f"{name}.tar.gz") as t:
+        got = [json.loads(line) for m in t.getmembers() if "/spool/" in m.name and m.isfile()
+               for line in t.extractfile(m).read().splitlines() if b'"kind":"progress"' in line]
+    assert len(got) == lines
+    if got:
+        by_pid = Counter(g["pid"] for g in got)
+        (waiter, n), (stopped, m) = by_pid.most_common()
+        assert n == 38 and m == 2 and len({g["comm"] for g in got}) == 2
+        first = min(g["ts_ns"] for g in got if g["pid"] == stopped)
+        assert first >= max(g["ts_ns"] for g in got if g["pid"] == waiter) - 1e9  # as it resumed
+        assert all(g["ts_ns"] - g["waiting_since_ns"] >= 0.9e9 for g in got if g["in_flight"])

@@ -260,3 +260,15 @@ def test_progress_read_after_the_windows_passed_it_is_one_stall():
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
     stalls = [(e.state, e.detected_ns // S) for e in out if "stalled" in e.evidence]
     assert stalls[0] == ("firing", 43) and [s for s, _ in stalls] == ["firing", "resolved"]
+
+
+def test_one_record_of_a_wait_is_not_a_wait_seen():
+    """A stopped process, resumed, writes one record of the wait it slept through before
+    its op completes; read alone (its peer's records not yet), it must not make the peer
+    the silent one."""
+    p = Pipeline(DetectorConfig())
+    for t in range(40):
+        for rank in (0, 1):
+            p.process(window(t, rank))
+        p.process(step(t + 1))
+    assert p.process(progress(48.5, 1, colls=400, in_flight=1, since=40)) == []
