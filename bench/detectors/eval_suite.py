@@ -616,10 +616,12 @@ def gpu_runs_2026_11_29_x1_section() -> str:
                       GPU_RUNS_11_29_X1_FIFTH,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]), "",
                       GPU_RUNS_11_29_X1_STALLS,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["tune"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["tune"])]), "",
+                      GPU_RUNS_11_29_X1_PROGRESS,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """32 real runs on one H200 in six batches; the first five
+GPU_RUNS_11_29_X1 = """38 real runs on one H200 in seven batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
@@ -656,6 +658,17 @@ pulses and two other pulsed runs right, but three runs right before wrong (a cle
 a GPU shared with another process, a pulsed run raised twice) and new false alerts in
 three runs already wrong; not kept. The code before
 (`straggler_early_share` 0) judges the batch the same.
+"""
+
+GPU_RUNS_11_29_X1_PROGRESS = """The seventh batch (plan `2026-11-29-bb.json`, split `heldout_6`), recorded once the
+plugin wrote `progress` records and the detectors named the rank that holds a
+communicator up from them (docs/detectors.md, "Stalls"), judged once by them: one
+process stopped once for 6, 8, 10 and 20 s (either rank; NCCL's step sync or gloo's
+barrier), clean, and stops of 150 ms (30 % of every 0.5 s). **5 of 6**: every stall
+named by its silence while its peer waits, 3.0–3.1 s in, critical, nothing else
+raised (the sixth batch's 10-s stall, which has no progress records, is raised 13–14 s
+in as the job's drop); the clean run wrote no progress record; the short stops write
+none either and remain the job's drop.
 """
 
 GPU_RUNS_11_29_X1_FIFTH = """The fifth batch (plan `2026-11-29-az.json`, held out likewise): a 1.2x
