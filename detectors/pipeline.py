@@ -549,13 +549,10 @@ class Pipeline:
     def _progress(self, rec: ProgressRecord, out: list) -> None:
         job = self._jobs.get(rec.job)
         if job is None:
-            return  # a job not seen running yet: its start-up waits are no stall
-        job.stalls.see(rec.comm, rec.comm_name, rec.nranks, rec.rank, rec.ts_ns, colls=rec.colls,
-                       in_flight=rec.in_flight, waiting_since_ns=rec.waiting_since_ns, host=rec.host,
-                       pid=rec.pid)
+            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
         if rec.ts_ns > self.last_end_ns:
             self.last_end_ns = rec.ts_ns
-        self.stall_incidents.check(job, out)
+        self.stall_incidents.see(job, rec, out)
 
     def _ignore(self, rec: Any, out: list) -> None:
         return None

@@ -42,8 +42,33 @@ class StallIncidents:
         self.book = book
         self.cfg = book.cfg
 
+    def see(self, job: JobState, rec: Any, out: list) -> None:
+        """A progress record of the job. Judged as it comes once the job has run
+        steadily; before that it is held (a recording's windows may reach the job stage
+        after the progress records of their time) and judged, in order, once it has."""
+        row = [rec.comm, rec.comm_name, rec.nranks, rec.rank, rec.ts_ns, rec.colls, rec.in_flight,
+               rec.waiting_since_ns, rec.host, rec.pid]
+        if not self._steady(job):
+            job.stalls.hold(row)
+            return
+        self.check(job, out)  # what was held first
+        job.stalls.see_row(row)
+        self._judge(job, out)
+
     def check(self, job: JobState, out: list) -> None:
-        """After a progress record or a window: raise, refresh or end."""
+        """After a window tick: judge the records held until the job ran steadily, then
+        raise, refresh or end."""
+        tracker = job.stalls
+        if tracker.held and self._steady(job):
+            held, tracker.held = tracker.held, []
+            # Those from before the job's stream time now were its start-up's (a window
+            # tick finds it steady within a window of its becoming so).
+            for row in (r for r in held if r[4] >= job.watermark):
+                tracker.see_row(row)
+                self._judge(job, out)
+        self._judge(job, out)
+
+    def _judge(self, job: JobState, out: list) -> None:
         cfg = self.cfg
         tracker = job.stalls
         window = job.window_ns or DEFAULT_WINDOW_NS
@@ -61,7 +86,7 @@ class StallIncidents:
                 tracker.forget_before(last + 1)
                 inc.end_ns = last
                 self.book.resolve(job, inc, out)
-        if not cfg.stall_after_s or not tracker.last or not self._steady(job):
+        if not cfg.stall_after_s or not tracker.last:
             return
         gap = job.throughput.step_gap_ns(tracker.now_ns)
         min_wait = max(int(cfg.stall_after_s * 1e9), int(cfg.stall_steps * gap))

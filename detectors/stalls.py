@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LISTED = 20
+MAX_HELD = 4096  # progress records of a job not yet running steadily (its start-up)
 # A rank's record is fresh while no older than this many of the waiting ranks' own
 # spacing between records (NCCLWATCH_PROGRESS_MS as they write it), and at least 1 s.
 FRESH_SPACINGS = 2.5
@@ -67,7 +68,7 @@ class StallTracker:
     []
     """
 
-    __slots__ = ("last", "meta", "now_ns", "raised")
+    __slots__ = ("last", "meta", "now_ns", "raised", "held")
 
     def __init__(self) -> None:
         # (comm, rank) -> [ts_ns, prev_ts_ns, colls, in_flight, waiting_since_ns, host, pid]
@@ -77,6 +78,21 @@ class StallTracker:
         # (comm, since_ns) of the stalls raised: one stall is raised once, whatever is
         # read of it after it ended (a worker catching up reads its records late)
         self.raised: list[list] = []
+        # records read before the job ran steadily, to be judged in order once it has
+        # (see_row's arguments)
+        self.held: list[list] = []
+
+    def hold(self, row: list) -> None:
+        if len(self.held) >= MAX_HELD:
+            del self.held[0]
+        self.held.append(row)
+
+    def see_row(self, row: list) -> None:
+        """:meth:`see` of a held row: ``[comm, comm_name, nranks, rank, ts_ns, colls,
+        in_flight, waiting_since_ns, host, pid]``."""
+        comm, name, nranks, rank, ts, colls, in_flight, since, host, pid = row
+        self.see(comm, name, nranks, rank, ts, colls=colls, in_flight=in_flight, waiting_since_ns=since,
+                 host=host, pid=pid)
 
     def was_raised(self, comm: str, since_ns: int) -> bool:
         return [comm, since_ns] in self.raised
@@ -139,7 +155,7 @@ class StallTracker:
     def to_state(self) -> dict[str, Any]:
         return {"last": [[c, r, *v] for (c, r), v in self.last.items()],
                 "meta": [[c, *m] for c, m in self.meta.items()], "now_ns": self.now_ns,
-                "raised": [list(x) for x in self.raised]}
+                "raised": [list(x) for x in self.raised], "held": [list(x) for x in self.held]}
 
     @classmethod
     def from_state(cls, st: dict[str, Any]) -> StallTracker:
@@ -148,4 +164,5 @@ class StallTracker:
         t.meta = {row[0]: list(row[1:]) for row in st["meta"]}
         t.now_ns = st["now_ns"]
         t.raised = [list(x) for x in st.get("raised", ())]
+        t.held = [list(x) for x in st.get("held", ())]
         return t

@@ -134,6 +134,40 @@ def test_waits_at_start_up_are_not_stalls():
     assert out == []
 
 
+def test_a_start_up_wait_is_not_judged_once_the_job_runs():
+    """Records from before the job ran steadily are held for a recording whose windows
+    come late; those of its start-up are dropped, not judged, once it runs."""
+    p = Pipeline(DetectorConfig())
+    out = []
+    for t in range(1, 30):  # rank 0 waits 30 s in its first collective for rank 1
+        out += p.process(progress(t, 0, colls=1, in_flight=1, since=0))
+    for t in range(30, 70):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + 1))
+    assert out == []
+
+
+def test_progress_read_before_the_windows_of_its_time_is_judged_once_they_come():
+    """A recording replayed through watch: its time merge may hold a job's windows behind
+    other processes while the progress records of later seconds go to the detectors."""
+    p = Pipeline(DetectorConfig())
+    out = []
+    for t in range(41, 51):
+        out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
+    for t in range(40):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + 1))
+    out += p.process(step(50.5, 300.0 / 11))
+    for t in range(50, 70):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + 1.5))
+    assert [(e.type, e.state, e.rank, e.detected_ns // S) for e in out] == [
+        ("straggler", "firing", 1, 43), ("straggler", "resolved", 1, 53)]
+
+
 def test_a_hung_job_stays_raised_while_its_ranks_write_progress():
     """No window for a minute: the job waits, it has not ended (no job_silent)."""
     events = stalled_job(DetectorConfig(), stall_s=60, resume=False)
