@@ -69,7 +69,7 @@ def driver_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _schemas() -> dict[str, jsonschema.protocols.Validator]:
     out = {}
-    for kind in ("op", "drop", "plugin_stats"):
+    for kind in ("op", "drop", "plugin_stats", "progress"):
         schema = json.loads(records.schema_path(kind).read_text())
         out[kind] = jsonschema.Draft202012Validator(schema)
     return out
@@ -93,7 +93,8 @@ def check_spool_lines(paths: list[Path]) -> Counter:
         for n, raw in enumerate(_lines(path)):
             where = f"{path.name}:{n + 1}"
             rec = records.parse_line(raw, source=str(path))
-            assert isinstance(rec, records.OpRecord | records.DropRecord | records.PluginStats), f"{where}: {rec}"
+            assert isinstance(rec, records.OpRecord | records.DropRecord | records.PluginStats
+                              | records.ProgressRecord), f"{where}: {rec}"
             obj = json.loads(raw)
             schemas[obj["kind"]].validate(obj)
             kinds[obj["kind"]] += 1

@@ -12,7 +12,6 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1746,22 +1745,6 @@ static void scenario_exit(void) {
 
 /* --- progress records ------------------------------------------------------------- */
 
-static int rm_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(path);
-}
-
-/* A full run removes a progress scenario's spool once checked: tests/test_plugin_output.py
- * validates a full run's lines as op/drop/plugin_stats records only, while
- * tests/test_plugin_progress.py runs these scenarios by name and reads their lines. */
-static void progress_scenario_done(struct spool* s) {
-  end_scenario(s);
-  if (only) return;
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/%s", outdir, scenario);
-  nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 /* The progress lines of one communicator (comm NULL: of all), in file order. */
 static size_t progress_of(const struct spool* s, const char* comm, const struct mj** out, size_t max) {
   size_t n = 0;
@@ -1840,7 +1823,7 @@ static void scenario_progress_hang(void) {
   CHECK(r && !strcmp(mj_str(r, "timing"), "kernel_gpu") && mj_int(r, "exec_ns") >= 2400000000LL,
         "the stuck op is recorded once it completes");
   CHECK(count_kind(&s, "op") == 11, "11 ops, got %zu", count_kind(&s, "op"));
-  progress_scenario_done(&s);
+  end_scenario(&s);
 }
 
 /* Back-to-back ops, idle gaps, an op held shorter than the interval: never a progress line. */
@@ -1872,7 +1855,7 @@ static void scenario_progress_normal(void) {
   check_spool_common(&s);
   CHECK(count_kind(&s, "progress") == 0, "no progress line while ops complete: %zu", count_kind(&s, "progress"));
   CHECK(count_kind(&s, "op") > 100 && dropped_total(&s) == 0, "ops recorded");
-  progress_scenario_done(&s);
+  end_scenario(&s);
 }
 
 /* Every way an op can leave its slot counts as done (dropped untimed, host-timed, sampled
@@ -1953,7 +1936,7 @@ static void scenario_progress_balance(void) {
   CHECK(stuck >= 1, "the stuck op is reported");
   CHECK(dropped(&s, "pool_full") == 2 && dropped(&s, "untimed") >= 3, "pool_full %lld, untimed %lld",
         (long long)dropped(&s, "pool_full"), (long long)dropped(&s, "untimed"));
-  progress_scenario_done(&s);
+  end_scenario(&s);
 }
 
 /* NCCLWATCH_PROGRESS_MS=0: a stuck op past the default interval writes nothing. */
@@ -1973,7 +1956,7 @@ static void scenario_progress_off(void) {
   check_spool_common(&s);
   CHECK(count_kind(&s, "progress") == 0 && count_kind(&s, "op") == 3, "off: no progress line");
   CHECK(log_warnings == 0, "0 is a valid value");
-  progress_scenario_done(&s);
+  end_scenario(&s);
 }
 
 /* A bad value is reported like every knob's and the default (1000 ms) is used. */
@@ -2010,7 +1993,7 @@ static void scenario_progress_config(void) {
   CHECK(n == 1, "one progress line in 1.8 s at the default interval, got %zu", n);
   for (size_t i = 0; i < n; i++)
     CHECK(mj_int(p[i], "ts_ns") - mj_int(p[i], "waiting_since_ns") >= 1000000000LL, "after 1000 ms");
-  progress_scenario_done(&s);
+  end_scenario(&s);
 }
 
 int main(int argc, char** argv) {
