@@ -194,3 +194,25 @@ def test_the_plugin_writes_progress_only_while_a_process_waits(name, lines, tmp_
         first = min(g["ts_ns"] for g in got if g["pid"] == stopped)
         assert first >= max(g["ts_ns"] for g in got if g["pid"] == waiter) - 1e9  # as it resumed
         assert all(g["ts_ns"] - g["waiting_since_ns"] >= 0.9e9 for g in got if g["in_flight"])
+
+
+@pytest.mark.kafka
+def test_the_cluster_path_names_the_stopped_rank(kafka_bootstrap, tmp_path):
+    """Through `ncclwatch forward --once` (progress records on the telemetry topic) and
+    `ncclwatch worker`: each stall named as local mode names it. Only the straggler is
+    held to local mode here: a worker catching up (every record published before it
+    starts) may read the progress records after the windows that followed them, and
+    then judges the job's drop before it knows of the stall."""
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker
+
+    names = ["p1x2-stall-r1-8s", "p1x2-sync-stall-r1-20s", "p1x2-sync-clean-prog"]
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in names],
+                                       eval_gpu_runs.sources)
+    for name, rank in (("p1x2-stall-r1-8s", 1), ("p1x2-sync-stall-r1-20s", 1)):
+        job = f"gpu-{name}"
+        fired = [e for e in got["events"] if e["job"] == job and e["type"] == "straggler" and e["state"] == "firing"]
+        local = [e for e in got["local"][job] if e["type"] == "straggler" and e["state"] == "firing"]
+        assert [(e["id"], e["rank"], e["detected_ns"]) for e in fired] == [
+            (e["id"], e["rank"], e["detected_ns"]) for e in local], got["log"][-3000:]
+        assert fired[0]["rank"] == rank and fired[0]["evidence"]["stalled"]["silent_ranks"] == [rank]
+    assert [e for e in got["events"] if e["job"] == "gpu-p1x2-sync-clean-prog"] == []
