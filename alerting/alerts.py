@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from ncclwatch.describe import where_of
+from ncclwatch.describe import stalled, where_of
 from ncclwatch.records import AnomalyEvent
 
 ALERT_NAMES: dict[str, str] = {
@@ -175,6 +175,8 @@ def _summary(ev: AnomalyEvent) -> str:
     if ev.type == "throughput_drop":
         delta = ev.throughput_delta if ev.throughput_delta is not None else -ev.effect
         return f"job {ev.job} throughput {delta * 100:+.1f}% while NCCL degraded ({where})"
+    if (stall := stalled(ev.evidence)) is not None:
+        return f"{where}: {stall}{tput}"
     if ev.type == "straggler":
         what = ev.key.get("op") or "its collectives"
         return f"straggler: {where} slows {what} by {ev.effect:.0%}{tput}"
@@ -192,6 +194,8 @@ def _description(ev: AnomalyEvent) -> str:
             f"Bus bandwidth {ev.observed_busbw_gbs:.2f} GB/s vs baseline "
             f"{ev.baseline_busbw_gbs:.2f} GB/s ({-ev.effect * 100:+.1f}%)."
         )
+    elif (stall := stalled(ev.evidence)) is not None:
+        lines.append(f"The communicator completes nothing: {stall} (the plugin's progress records).")
     else:
         lines.append(f"Effect {ev.effect * 100:.1f}% (relative loss).")
     since = iso(ev.start_ns)

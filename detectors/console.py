@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from ncclwatch.describe import where_of
+from ncclwatch.describe import stalled, where_of
 from ncclwatch.records import (
     AnomalyEvent,
 )
@@ -40,7 +40,10 @@ def format_event(event: AnomalyEvent) -> str:
     busbw 18.2 → 12.1 GB/s (-34%) since ..., throughput -12.8% [critical]
     """
     head = f"{event.state.upper()} {event.type} job={event.job} {where_of(event, whole='(whole job)')}"
-    if event.baseline_busbw_gbs is not None and event.observed_busbw_gbs is not None:
+    stall = stalled(event.evidence)
+    if stall is not None:
+        what = stall  # a rank that holds its communicator up: no bandwidth to compare
+    elif event.baseline_busbw_gbs is not None and event.observed_busbw_gbs is not None:
         what = f"busbw {event.baseline_busbw_gbs:.1f} → {event.observed_busbw_gbs:.1f} GB/s ({-event.effect:+.0%})"
     else:
         what = f"{event.attribution} loss {event.effect:.0%}"

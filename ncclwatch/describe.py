@@ -41,3 +41,27 @@ def where_of(event: Any, whole: str = "all collectives") -> str:
     if host is None and (event.evidence or {}).get("hosts"):
         host = ", ".join(event.evidence["hosts"])
     return where(event.key, host=host, rank=event.rank, whole=whole)
+
+
+def stalled(evidence: Mapping[str, Any] | None) -> str | None:
+    """What a stall's evidence says (a straggler raised from progress records), or None.
+
+    >>> stalled({"stalled": {"waiting_s": 12.5, "collective": 533, "waiting_ranks": [0],
+    ...                      "behind_ranks": [], "silent_ranks": [1]}})
+    'stalled: rank 1 silent while rank 0 waits 12.5 s in collective #533'
+    >>> stalled({}) is None
+    True
+    """
+    s = (evidence or {}).get("stalled")
+    if not isinstance(s, Mapping):
+        return None
+
+    def ranks(key: str) -> str:
+        rs = [str(r) for r in s.get(key) or ()]
+        return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(rs) if rs else ""
+
+    holders = " and ".join(f"{ranks(k)} {how}" for k, how in (("silent_ranks", "silent"),
+                                                               ("behind_ranks", "behind")) if s.get(k))
+    verb = "waits" if len(s.get("waiting_ranks") or ()) == 1 else "wait"
+    return (f"stalled: {holders or 'no rank named'} while {ranks('waiting_ranks')} {verb} "
+            f"{s.get('waiting_s', 0):g} s in collective #{s.get('collective')}")

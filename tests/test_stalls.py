@@ -306,3 +306,15 @@ def test_one_record_of_a_wait_is_not_a_wait_seen():
             p.process(window(t, rank))
         p.process(step(t + 1))
     assert p.process(progress(48.5, 1, colls=400, in_flight=1, since=40)) == []
+
+
+def test_people_are_told_it_is_a_stall_not_a_loss_of_bandwidth():
+    from ncclwatch.alerting.alerts import AlertLinks, alert_from_event
+    from ncclwatch.detectors.console import format_event
+
+    fired = stalled_job(DetectorConfig())[0]
+    line = format_event(fired)
+    assert "stalled: rank 1 silent while rank 0 waits 3 s in collective #400" in line and "loss" not in line
+    alert = alert_from_event(fired, AlertLinks())
+    text = json.dumps(alert)
+    assert "stalled: rank 1 silent" in text and "Effect 0.0%" not in text
