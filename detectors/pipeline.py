@@ -186,6 +186,8 @@ class Pipeline:
                 self._close_all(job, out)
                 self._job_silent(job, out)
             if idle > evict_ns:
+                for inc in list(job.incidents.values()):  # stalls a silent job kept open
+                    self.book.resolve(job, inc, out, reason="job_evicted")
                 del self._jobs[name]
                 if self.observer is not None:
                     self.observer.job_evicted(name)
@@ -508,6 +510,10 @@ class Pipeline:
         tp.clear = 0
         job.tp_suppressed = False
         for inc in list(job.incidents.values()):
+            if is_stall(inc):
+                # A hung job falls silent too (the plugin gives up on an op after
+                # NCCLWATCH_OP_TIMEOUT_MS): what held it up is still unresolved.
+                continue
             if inc.end_ns is None:
                 inc.end_ns = max(job.watermark, job.throughput.ts_ns)
             self.book.resolve(job, inc, out, reason="job_silent")

@@ -318,3 +318,24 @@ def test_people_are_told_it_is_a_stall_not_a_loss_of_bandwidth():
     alert = alert_from_event(fired, AlertLinks())
     text = json.dumps(alert)
     assert "stalled: rank 1 silent" in text and "Effect 0.0%" not in text
+
+
+def test_a_hung_job_that_falls_silent_keeps_its_stall_until_it_is_forgotten():
+    """The plugin stops reporting an op stuck past NCCLWATCH_OP_TIMEOUT_MS: the job then
+    says nothing at all, which ends its other incidents (job_silent) but not the stall,
+    which resolves only if the job comes back or is forgotten (job_evict_s)."""
+    cfg = DetectorConfig(job_evict_s=600.0)
+    p = Pipeline(cfg)
+    out = []
+    for t in range(40):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + 1))
+    for t in range(41, 71):  # 30 s of progress, then nothing
+        out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
+    for t in range(71, 300, 10):
+        out += p.advance(t * S)
+    assert [(e.type, e.state) for e in out] == [("straggler", "firing")]
+    out += p.advance(700 * S)
+    assert [(e.type, e.state) for e in out][-1] == ("straggler", "resolved")
+    assert out[-1].evidence["resolved_because"] == "job_evicted" and p.jobs() == []
