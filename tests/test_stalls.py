@@ -57,17 +57,23 @@ def progress(t: float, rank: int, *, colls: int, in_flight: int, since: float = 
         waiting_since_ns=int(since * S) if in_flight else 0, last_done_ns=int(since * S))
 
 
+def run(p: Pipeline, start: int, end: int, *, step_at: float = 1.0) -> list:
+    """Both ranks' windows and a step a second over ``[start, end)``: the events."""
+    out = []
+    for t in range(start, end):
+        for rank in (0, 1):
+            out += p.process(window(t, rank))
+        out += p.process(step(t + step_at))
+    return out
+
+
 def stalled_job(cfg: DetectorConfig, *, stall_at: int = 40, stall_s: int = 10, waiting: tuple = (0,),
                 writes: dict | None = None, resume: bool = True) -> list:
     """Windows and steps for ``stall_at`` s, nothing completing for ``stall_s`` s while
     ``waiting`` ranks write progress records once a second (``writes``: other ranks'
     records, rank -> kwargs), then ``resume``; the events in order."""
     p = Pipeline(cfg)
-    out = []
-    for t in range(stall_at):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out = run(p, 0, stall_at)
     for k in range(1, stall_s + 1):
         t = stall_at + k
         for rank in waiting:
@@ -78,10 +84,7 @@ def stalled_job(cfg: DetectorConfig, *, stall_at: int = 40, stall_s: int = 10, w
     if resume:
         end = stall_at + stall_s
         out += p.process(step(end + 0.5, 300.0 / (stall_s + 1)))  # the step that spanned it
-        for t in range(end, end + 20):
-            for rank in (0, 1):
-                out += p.process(window(t, rank))
-            out += p.process(step(t + 1.5))
+        out += run(p, end, end + 20, step_at=1.5)
     return out
 
 
@@ -141,10 +144,7 @@ def test_a_start_up_wait_is_not_judged_once_the_job_runs():
     out = []
     for t in range(1, 30):  # rank 0 waits 30 s in its first collective for rank 1
         out += p.process(progress(t, 0, colls=1, in_flight=1, since=0))
-    for t in range(30, 70):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out += run(p, 30, 70)
     assert out == []
 
 
@@ -155,15 +155,9 @@ def test_progress_read_before_the_windows_of_its_time_is_judged_once_they_come()
     out = []
     for t in range(41, 51):
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
-    for t in range(40):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out += run(p, 0, 40)
     out += p.process(step(50.5, 300.0 / 11))
-    for t in range(50, 70):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1.5))
+    out += run(p, 50, 70, step_at=1.5)
     assert [(e.type, e.state, e.rank, e.detected_ns // S) for e in out] == [
         ("straggler", "firing", 1, 43), ("straggler", "resolved", 1, 53)]
 
@@ -181,10 +175,7 @@ def test_half_the_ranks_silent_is_lost_telemetry_not_a_stall():
     (st,) = tr.stalls(3 * S)
     assert len(st.holders) == 7  # seven of eight said nothing
     p = Pipeline(DetectorConfig())
-    for t in range(40):
-        for rank in (0, 1):
-            p.process(window(t, rank))
-        p.process(step(t + 1))
+    run(p, 0, 40)
     out = []
     for t in range(41, 50):
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40, comm="0x" + "0" * 15 + "2", nranks=8))
@@ -195,11 +186,7 @@ def test_a_stall_continues_across_a_restart():
     cfg = DetectorConfig()
     whole = stalled_job(cfg)
     p = Pipeline(cfg)
-    out = []
-    for t in range(40):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out = run(p, 0, 40)
     for t in range(41, 45):
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
     p = Pipeline.from_state(cfg, json.loads(json.dumps(p.to_state())))
@@ -207,10 +194,7 @@ def test_a_stall_continues_across_a_restart():
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
         out += p.advance(t * S)
     out += p.process(step(50.5, 300.0 / 11))
-    for t in range(50, 70):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1.5))
+    out += run(p, 50, 70, step_at=1.5)
     assert out == whole
 
 
@@ -282,11 +266,7 @@ def test_progress_read_after_the_windows_passed_it_is_one_stall():
     """A worker catching up may read a stall's progress records after the windows that
     followed it: the stall is raised once (at its own time) and ends, not once a record."""
     p = Pipeline(DetectorConfig())
-    out = []
-    for t in range(40):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out = run(p, 0, 40)
     for t in range(50, 70):
         for rank in (0, 1):
             out += p.process(window(t, rank))
@@ -301,10 +281,7 @@ def test_one_record_of_a_wait_is_not_a_wait_seen():
     its op completes; read alone (its peer's records not yet), it must not make the peer
     the silent one."""
     p = Pipeline(DetectorConfig())
-    for t in range(40):
-        for rank in (0, 1):
-            p.process(window(t, rank))
-        p.process(step(t + 1))
+    run(p, 0, 40)
     assert p.process(progress(48.5, 1, colls=400, in_flight=1, since=40)) == []
 
 
@@ -326,11 +303,7 @@ def test_a_hung_job_that_falls_silent_keeps_its_stall_until_it_is_forgotten():
     which resolves only if the job comes back or is forgotten (job_evict_s)."""
     cfg = DetectorConfig(job_evict_s=600.0)
     p = Pipeline(cfg)
-    out = []
-    for t in range(40):
-        for rank in (0, 1):
-            out += p.process(window(t, rank))
-        out += p.process(step(t + 1))
+    out = run(p, 0, 40)
     for t in range(41, 71):  # 30 s of progress, then nothing
         out += p.process(progress(t, 0, colls=400, in_flight=1, since=40))
     for t in range(71, 300, 10):
