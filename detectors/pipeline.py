@@ -232,6 +232,13 @@ class Pipeline:
             job.lateness_ns = self.cfg.lateness_windows * window_ns
         return job
 
+    def _job_named(self, name: str) -> JobState:
+        """The job's state, created by its first record of any kind (no window yet)."""
+        job = self._jobs.get(name)
+        if job is None:
+            job = self._jobs[name] = JobState(name, self.cfg)
+        return job
+
     def _seen(self, job: JobState, end: int) -> None:
         """The job reported up to ``end``: its stream time (its ranks' liveness is the
         telemetry tracker's)."""
@@ -521,9 +528,7 @@ class Pipeline:
     # --- throughput ---------------------------------------------------------------
 
     def _throughput(self, rec: ThroughputRecord, out: list) -> None:
-        job = self._jobs.get(rec.job)
-        if job is None:
-            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job = self._job_named(rec.job)
         if rec.ts_ns > self.last_end_ns:
             self.last_end_ns = rec.ts_ns
         if job.silent and rec.ts_ns > job.watermark:
@@ -541,21 +546,15 @@ class Pipeline:
     # --- telemetry records ----------------------------------------------------------
 
     def _drop(self, rec: DropRecord, out: list) -> None:
-        job = self._jobs.get(rec.job)
-        if job is None:
-            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job = self._job_named(rec.job)
         job.telemetry.see_drop(rec.host, rec.ts_ns, rec.count, rec.reason)
 
     def _plugin_stats(self, rec: PluginStats, out: list) -> None:
-        job = self._jobs.get(rec.job)
-        if job is None:
-            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job = self._job_named(rec.job)
         job.telemetry.see_plugin_stats(rec.host, rec.pid, rec.ts_ns, rec.dropped)
 
     def _progress(self, rec: ProgressRecord, out: list) -> None:
-        job = self._jobs.get(rec.job)
-        if job is None:
-            job = self._jobs[rec.job] = JobState(rec.job, self.cfg)
+        job = self._job_named(rec.job)
         if rec.ts_ns > self.last_end_ns:
             self.last_end_ns = rec.ts_ns
         self.stall_incidents.see(job, rec, out)
