@@ -216,3 +216,23 @@ def test_the_cluster_path_names_the_stopped_rank(kafka_bootstrap, tmp_path):
             (e["id"], e["rank"], e["detected_ns"]) for e in local], got["log"][-3000:]
         assert fired[0]["rank"] == rank and fired[0]["evidence"]["stalled"]["silent_ranks"] == [rank]
     assert [e for e in got["events"] if e["job"] == "gpu-p1x2-sync-clean-prog"] == []
+
+
+def test_stalls_on_four_ranks_with_send_recv_and_of_other_lengths(rows):
+    """Plan `bc` (split `heldout_7`), held out for the stall detector and judged once by
+    it: one of four ranks stopped 8 s (the other three wait, it alone is silent), a
+    pipeline job's rank stopped 10 s (its peer waits in Send/Recv), a 4-s stall, all
+    named 3.0-3.1 s in; a 2-s stall is under `detector.stall_after_s` and raises nothing
+    (the one miss); clean runs of four ranks and with gloo's barrier write no progress
+    record and raise nothing."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_7"])])
+    named = {"p1x4-sync-stall-r2-8s": 2, "p1x2-pp-stall-r1-10s": 1, "p1x2-sync-stall-r1-4s": 1}
+    for name, rank in named.items():
+        r = rows[name]
+        assert (r["got"], r["severity"], r["false_alerts"], r["ok"]) == (
+            f"straggler rank {rank}", "critical", [], True), table
+        assert 2.5 <= r["delay_s"] <= 4.0, table
+    for name in ("p1x4-sync-clean-prog", "p1x2-clean-gloo-prog"):
+        assert rows[name]["ok"] and rows[name]["got"] == "-", table
+    r = rows["p1x2-sync-stall-r0-2s"]
+    assert (r["got"], r["false_alerts"], r["ok"]) == ("-", [], False), table

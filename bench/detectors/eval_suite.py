@@ -618,10 +618,12 @@ def gpu_runs_2026_11_29_x1_section() -> str:
                       GPU_RUNS_11_29_X1_STALLS,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["tune"])]), "",
                       GPU_RUNS_11_29_X1_PROGRESS,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]), "",
+                      GPU_RUNS_11_29_X1_PROGRESS_2,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_7"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """38 real runs on one H200 in seven batches; the first five
+GPU_RUNS_11_29_X1 = """44 real runs on one H200 in eight batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
@@ -669,6 +671,13 @@ named by its silence while its peer waits, 3.0–3.1 s in, critical, nothing els
 raised (the sixth batch's 10-s stall, which has no progress records, is raised 13–14 s
 in as the job's drop); the clean run wrote no progress record; the short stops write
 none either and remain the job's drop.
+"""
+
+GPU_RUNS_11_29_X1_PROGRESS_2 = """The eighth batch (plan `2026-11-29-bc.json`, split `heldout_7`), held out for the
+stall detector and judged once by it: one of four ranks stopped 8 s, a pipeline job's
+rank stopped 10 s (its peer waits in `Send`/`Recv`), stalls of 4 and 2 s, clean runs of
+four ranks and with gloo's barrier. **5 of 6**: every stall of 4 s or more named 3.0–3.1 s
+in; the 2-s stall, under `detector.stall_after_s`, raises nothing (the miss, by design).
 """
 
 GPU_RUNS_11_29_X1_FIFTH = """The fifth batch (plan `2026-11-29-az.json`, held out likewise): a 1.2x
