@@ -13,6 +13,10 @@ consequence, as for any straggler. It is raised only
 - for a communicator held by at most half its ranks (many silent ranks are lost
   telemetry, not a stall: that is ``telemetry_loss``'s).
 
+When every rank waits, none behind or silent, what they wait on is raised instead, by
+the communicator's transport class: ``network_path`` (a network path that stopped
+carrying anything), ``intra_node`` (NVLink, one host), else ``collective_degraded``.
+
 It ends once the job's windows pass the last record that showed it by
 ``sustain_windows`` windows (operations complete again) and the job's steps are back to
 normal (its drop over the stall is then judged while it is open, whatever order a driver
@@ -22,6 +26,8 @@ delivers steps and windows in), or by ``throughput_hold_windows`` windows at mos
 from __future__ import annotations
 
 from typing import Any
+
+from ncclwatch.rules import NETWORK_TRANSPORTS
 
 from .attribution import Verdict
 from .incident_book import DEFAULT_WINDOW_NS, IncidentBook
@@ -95,10 +101,14 @@ class StallIncidents:
                         if is_stall(i) and i.evidence["stalled"]["comm"] == st.comm), None)
             if inc is not None:
                 self._refresh(inc, st)
-            elif (st.holders and len(st.holders) <= max(1, st.nranks // 2)
-                    and not tracker.was_raised(st.comm, st.since_ns)):
+            elif tracker.was_raised(st.comm, st.since_ns):
+                continue
+            elif st.holders and len(st.holders) <= max(1, st.nranks // 2):
                 tracker.note_raised(st.comm, st.since_ns)
                 self._raise(job, st, out)
+            elif not st.holders and len(st.waiting) == st.nranks:
+                tracker.note_raised(st.comm, st.since_ns)
+                self._raise_link(job, st, out)
 
     @staticmethod
     def _steady(job: JobState) -> bool:
@@ -117,6 +127,33 @@ class StallIncidents:
         self._refresh(inc, st)
         inc.confirmed = True
         inc.severity = "critical"  # the communicator completes nothing: the job is stopped
+        inc.detected_ns = st.now_ns
+        self.book.emit(inc.event("firing", st.now_ns), out)
+
+    def _raise_link(self, job: JobState, st: Stall, out: list) -> None:
+        """Every rank waits in the same collective, none behind or silent: what they
+        all wait on is the transport (a network path gone, NVLink hung), or a GPU that
+        never started the kernel, which the records cannot tell; named by the
+        communicator's transport class, as the link incident it most likely is."""
+        transport = self._transport(job, st.comm)
+        hosts = sorted({v[5] for (c, _), v in job.stalls.last.items() if c == st.comm})
+        if transport in NETWORK_TRANSPORTS:
+            v = Verdict("network_path", "network", scope="")
+        elif transport == "nvlink" and len(hosts) == 1:
+            v = Verdict("intra_node", "intra_node", scope=hosts[0], host=hosts[0])
+        else:
+            v = Verdict("collective_degraded", "unknown", scope=f"stall/{st.comm}")
+        if job.find(v.type, v.scope) is not None:
+            return  # raised already (a link degraded before it stopped altogether)
+        inc = self.book.open(job, v, st.since_ns, None)
+        inc.key = {"comm": st.comm, "comm_name": st.comm_name, "op": None, "size_bucket": None,
+                   "transport": transport}
+        inc.evidence = {"comm": st.comm, "every_rank_waits": True}
+        if v.type == "network_path":
+            inc.evidence["hosts"] = hosts[:MAX_LISTED]
+        self._refresh(inc, st)
+        inc.confirmed = True
+        inc.severity = "critical"
         inc.detected_ns = st.now_ns
         self.book.emit(inc.event("firing", st.now_ns), out)
 

@@ -108,11 +108,17 @@ def test_a_rank_that_has_not_called_the_collective_is_named_as_behind():
     assert events[0].evidence["stalled"]["silent_ranks"] == []
 
 
-def test_every_rank_waiting_names_nobody():
-    """Both in the same collective: no rank holds it (a hung kernel, a dead link), and a
-    straggler would be a guess."""
+def test_every_rank_waiting_names_nobody_and_raises_the_path():
+    """Both in the same collective, none behind or silent: no rank holds it, and a
+    straggler would be a guess. What they wait on is raised, by the communicator's
+    transport class: here a network communicator, so the path (gone altogether)."""
     events = stalled_job(DetectorConfig(), writes={1: {"colls": 400, "in_flight": 1, "since": 40}})
-    assert [e for e in events if e.type == "straggler"] == []
+    assert [(e.type, e.state, e.rank, e.attribution) for e in events] == [
+        ("network_path", "firing", None, "network"), ("network_path", "resolved", None, "network")]
+    fired = events[0]
+    assert fired.detected_ns == 43 * S and fired.severity == "critical"
+    assert fired.evidence["every_rank_waits"] is True and fired.evidence["stalled"]["waiting_ranks"] == [0, 1]
+    assert fired.evidence["hosts"] == ["h0", "h1"]
 
 
 def test_a_short_wait_or_the_knob_off_raises_nothing():
