@@ -236,3 +236,21 @@ def test_stalls_on_four_ranks_with_send_recv_and_of_other_lengths(rows):
         assert rows[name]["ok"] and rows[name]["got"] == "-", table
     r = rows["p1x2-sync-stall-r0-2s"]
     assert (r["got"], r["false_alerts"], r["ok"]) == ("-", [], False), table
+
+
+def test_network_outages_are_the_path_once_every_rank_waits(rows):
+    """Plan `bd` (split `heldout_8`), held out for the every-rank-waits rule and judged
+    once by it: the socket path throttled to 1 kbit/s or 1 Mbit/s for 6-10 s (nothing
+    gets through: no step ends inside it, so the judge counts the work over the time,
+    96-99 %), on two and four ranks, NCCL's step sync or gloo's barrier. Every rank
+    waits and none is behind or silent: `network_path`, 3.0-3.1 s in, critical, nothing
+    else. A clean run raises nothing; a 1.3x straggler on rank 1 is named as rank 0 (the
+    one miss, by the windows' straggler rule: the code before this batch the same)."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_8"])])
+    for name in ("p1x2-sync-tc-1k-10s", "p1x2-sync-tc-1m-10s", "p1x2-tc-1k-6s", "p1x4-sync-tc-1k-8s"):
+        r = rows[name]
+        assert (r["got"], r["severity"], r["false_alerts"], r["ok"]) == ("network_path", "critical", [], True), table
+        assert r["drop"] > 0.9 and 2.5 <= r["delay_s"] <= 4.0, table
+    assert rows["p1x2-sync-clean-prog-2"]["ok"], table
+    r = rows["p1x2-sync-strag-r1-1.3x-prog"]
+    assert (r["ok"], r["false_alerts"]) == (False, ["straggler@+3.6s"]), table

@@ -555,3 +555,27 @@ def test_throughput_from_the_api_and_a_training_log_reaches_its_topic(kafka_boot
     assert got == [("job-api", "api", 0, 300.0), ("job-api", "api", 1, 301.0),
                    ("job-api", "api", 2, 302.0), ("job-log", "log", 10, 315.5),
                    ("job-log", "log", 11, 316.5)]
+
+
+def test_forward_once_publishes_a_stall_s_progress_records_in_time_order_across_processes(
+        kafka_bootstrap, tmp_path):
+    """A recorded network outage (tests/fixtures/gpu_runs/2026-11-29-x1): both processes
+    wrote a progress record a second for 10 s. Read as a backlog, file by file, all of one
+    process's reached Kafka before the other's, and a worker heard one rank wait for 10 s
+    while the other said nothing: it named that one as stopped. Progress records are
+    timed for the node's stream-time alignment now, like ops and throughput."""
+    import tarfile
+
+    run = Path(__file__).parent / "fixtures" / "gpu_runs" / "2026-11-29-x1" / "p1x2-sync-tc-1k-10s.tar.gz"
+    with tarfile.open(run) as t:
+        t.extractall(tmp_path / "run", filter="data")
+    spool = tmp_path / "run" / "p1x2-sync-tc-1k-10s" / "spool"
+    cfg = make_cfg(kafka_bootstrap)
+    run_once(cfg, tmp_path, spool)
+    prog = [r for _, _, r in records_of(consume(kafka_bootstrap, cfg.topics.telemetry)) if r.KIND == "progress"]
+    assert len(prog) == 48 and len({r.pid for r in prog}) == 2
+    newest, back = prog[0].ts_ns, 0
+    for r in prog:
+        back = max(back, newest - r.ts_ns)
+        newest = max(newest, r.ts_ns)
+    assert back <= 2 * 10**9, back / 1e9

@@ -71,7 +71,7 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
     A run whose injection stopped a process part of the time (``freeze``), or was on for
     part of every ``period_s`` of at least ``DUTY_PERIOD_S`` (a GPU taken a second at a
     time), is measured by :func:`rate_drop`: its stalls lengthen some steps and leave the
-    others, and so the median, alone.
+    others, and so the median, alone. So is a fault inside which no step ended at all.
     """
     steps = [json.loads(x) for x in (run / "ctl" / "steps.jsonl").read_text().splitlines() if x]
     injections = json.loads((run / "run.json").read_text()).get("injections", ())
@@ -84,6 +84,10 @@ def measured_drop(run: Path, start_ns: int, end_ns: int) -> float:
                   if any(a + min(PULSE_SETTLE_NS, (b - a) // 2) <= s["ts_ns"] <= b for a, b in spans)]
     else:
         during = [s["tflops_per_gpu"] for s in steps if start_ns + SETTLE_NS <= s["ts_ns"] <= end_ns]
+    if before and not during and not spans:
+        # No step ended inside the fault: the job stopped (a network path that carried
+        # nothing), which only its work over the time can say.
+        return rate_drop(steps, start_ns, end_ns)
     if not before or not during:
         return 0.0
     return 1.0 - statistics.median(during) / statistics.median(before)

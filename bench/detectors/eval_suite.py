@@ -620,10 +620,12 @@ def gpu_runs_2026_11_29_x1_section() -> str:
                       GPU_RUNS_11_29_X1_PROGRESS,
                       eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]), "",
                       GPU_RUNS_11_29_X1_PROGRESS_2,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_7"])]), ""])
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_7"])]), "",
+                      GPU_RUNS_11_29_X1_OUTAGES,
+                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_8"])]), ""])
 
 
-GPU_RUNS_11_29_X1 = """44 real runs on one H200 in eight batches; the first five
+GPU_RUNS_11_29_X1 = """50 real runs on one H200 in nine batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
 (`train_job.py --share-gpus`, one network communicator of two ranks), the step's
@@ -678,6 +680,15 @@ stall detector and judged once by it: one of four ranks stopped 8 s, a pipeline 
 rank stopped 10 s (its peer waits in `Send`/`Recv`), stalls of 4 and 2 s, clean runs of
 four ranks and with gloo's barrier. **5 of 6**: every stall of 4 s or more named 3.0–3.1 s
 in; the 2-s stall, under `detector.stall_after_s`, raises nothing (the miss, by design).
+"""
+
+GPU_RUNS_11_29_X1_OUTAGES = """The ninth batch (plan `2026-11-29-bd.json`, split `heldout_8`), held out for the rule
+that raises what every rank of a communicator waits on when none is behind or silent,
+judged once by it: the socket path throttled to 1 kbit/s or 1 Mbit/s for 6–10 s on two
+and four ranks (no step ends inside: the judge counts the work over the time, 96–99 %),
+a clean run, a 1.3x straggler. **5 of 6**: every outage the `network_path`, 3.0–3.1 s in,
+critical; the straggler named as rank 0 (the windows' straggler rule; the code before
+this session the same).
 """
 
 GPU_RUNS_11_29_X1_FIFTH = """The fifth batch (plan `2026-11-29-az.json`, held out likewise): a 1.2x
