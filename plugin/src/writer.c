@@ -170,7 +170,8 @@ static void nw_w_flush(struct nw_writer* w) {
       continue;
     }
     enum nw_drop_reason why = (err == ENOSPC || err == EDQUOT) ? NW_DROP_DISK_FULL : NW_DROP_WRITE_ERROR;
-    if (w->line_tag[i] == NW_LINE_OP || w->line_tag[i] == NW_LINE_PROGRESS) nw_count_drop(why);
+    /* A progress line lost is no op lost: the next interval writes a fresh one. */
+    if (w->line_tag[i] == NW_LINE_OP) nw_count_drop(why);
     else if (w->line_tag[i] >= 0) nw_g.drops_reported[w->line_tag[i]] -= w->line_count[i];
   }
   if (err) {
@@ -477,8 +478,9 @@ static void nw_w_progress(struct nw_writer* w) {
     nw_buf_i64(b, p->last_done_ns);
     nw_buf_puts(b, "}\n");
     /* Lost like an op line would be: counted as a drop of the same reason. */
-    if (!nw_w_append(w, b, NW_LINE_PROGRESS, 1, false))
-      nw_count_drop(b->overflow ? NW_DROP_OTHER : w->closed_reason);
+    /* Not written (no room, a line over 32 KiB): the next interval writes a fresh one; the
+     * drop counters are ops', and `recorded + dropped` stays the ops NCCL reported. */
+    (void)nw_w_append(w, b, NW_LINE_PROGRESS, 1, false);
   }
 }
 
