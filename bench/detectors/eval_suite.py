@@ -180,7 +180,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-27-x4", "4×H100: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
     ("2026-11-28-x4", "4×H200: two or four pretend nodes, or one NVLink node of four"),
-    ("2026-11-29-x1", "1×H200: two pretend nodes sharing it, steps synchronised in NCCL"),
+    ("2026-11-29-x1", "1×H200: two or four pretend nodes sharing it, steps synchronised in NCCL"),
 )
 
 
