@@ -477,7 +477,6 @@ static void nw_w_progress(struct nw_writer* w) {
     nw_buf_puts(b, ",\"last_done_ns\":");
     nw_buf_i64(b, p->last_done_ns);
     nw_buf_puts(b, "}\n");
-    /* Lost like an op line would be: counted as a drop of the same reason. */
     /* Not written (no room, a line over 32 KiB): the next interval writes a fresh one; the
      * drop counters are ops', and `recorded + dropped` stays the ops NCCL reported. */
     (void)nw_w_append(w, b, NW_LINE_PROGRESS, 1, false);
