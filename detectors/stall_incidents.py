@@ -57,7 +57,8 @@ class StallIncidents:
         if not self._steady(job):
             job.stalls.hold(row)
             return
-        self.check(job, out)  # what was held first
+        if job.stalls.held:
+            self.check(job, out)  # what was held first
         job.stalls.see_row(row)
         self._judge(job, out)
 

@@ -605,24 +605,15 @@ def gpu_runs_2026_11_29_x1_section() -> str:
 
     rows = judged("2026-11-29-x1")
     split = json.loads((GPU_RUNS / "2026-11-29-x1" / "split.json").read_text())
-    return "\n".join(["## Recorded GPU runs of 2026-11-29: steps synchronised in NCCL\n", GPU_RUNS_11_29_X1,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout"])]), "",
-                      GPU_RUNS_11_29_X1_SECOND,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_2"])]), "",
-                      GPU_RUNS_11_29_X1_THIRD,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_3"])]), "",
-                      GPU_RUNS_11_29_X1_FOURTH,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_4"])]), "",
-                      GPU_RUNS_11_29_X1_FIFTH,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_5"])]), "",
-                      GPU_RUNS_11_29_X1_STALLS,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["tune"])]), "",
-                      GPU_RUNS_11_29_X1_PROGRESS,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_6"])]), "",
-                      GPU_RUNS_11_29_X1_PROGRESS_2,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_7"])]), "",
-                      GPU_RUNS_11_29_X1_OUTAGES,
-                      eval_gpu_runs.markdown([rows[n] for n in sorted(split["heldout_8"])]), ""])
+    batches = [(GPU_RUNS_11_29_X1, "heldout"), (GPU_RUNS_11_29_X1_SECOND, "heldout_2"),
+               (GPU_RUNS_11_29_X1_THIRD, "heldout_3"), (GPU_RUNS_11_29_X1_FOURTH, "heldout_4"),
+               (GPU_RUNS_11_29_X1_FIFTH, "heldout_5"), (GPU_RUNS_11_29_X1_STALLS, "tune"),
+               (GPU_RUNS_11_29_X1_PROGRESS, "heldout_6"), (GPU_RUNS_11_29_X1_PROGRESS_2, "heldout_7"),
+               (GPU_RUNS_11_29_X1_OUTAGES, "heldout_8")]
+    out = ["## Recorded GPU runs of 2026-11-29: steps synchronised in NCCL\n"]
+    for text, part in batches:
+        out += [text, eval_gpu_runs.markdown([rows[n] for n in sorted(split[part])]), ""]
+    return "\n".join(out)
 
 
 GPU_RUNS_11_29_X1 = """50 real runs on one H200 in nine batches; the first five
