@@ -242,6 +242,19 @@ def job_dashboard() -> dict[str, Any]:
             draw="bars",
             legend_calcs=("sum",),
         ),
+        timeseries(
+            "Communicators waiting: longest op in flight without completing",
+            targets((f"max by (training_job, comm_name, comm) (ncclwatch_comm_waiting_seconds{{{JOB}}})",
+                     "{{training_job}} {{comm_name}} {{comm}}")),
+            unit="s",
+            w=24,
+            min_=0,
+            threshold_steps=((None, "transparent"), (DetectorConfig().stall_after_s, "red")),
+            description="From the plugin's progress records, written only while a rank has had "
+            "an operation in flight for a second or more without completing it: a stopped, hung "
+            "or stuck rank, or a path that carries nothing. From the red line up (the detector's "
+            "stall_after_s) the detector names who holds the communicator up.",
+        ),
         row(
             "NCCL Inspector (node-exporter textfile)",
             [

@@ -16,6 +16,7 @@ ncclwatch_anomaly_active                      gauge      training_job, anomaly_t
 ncclwatch_anomalies_total                     counter    training_job, anomaly_type, severity
 ncclwatch_job_flops_per_second_per_gpu        gauge      training_job
 ncclwatch_rank_relative_exec_ratio            gauge      training_job, comm, comm_name, rank, node, Hostname, UUID
+ncclwatch_comm_waiting_seconds                gauge      training_job, comm, comm_name (only while a rank waits)
 ncclwatch_detector_records_total              counter    kind
 ncclwatch_detector_lag_seconds                gauge      (wall clock - newest record time)
 ncclwatch_detector_input_live                 gauge      (1 live input, 0 a replay: lag is its age)
@@ -43,7 +44,10 @@ rank's GPU (``GPU-<uuid>``, DCGM exporter's ``UUID``) where the windows carry it
 ``""``; on an anomaly, the straggler's GPU. ``comm_name`` is Inspector's label for the
 communicator's name (``""`` when NCCL has none).
 ``ncclwatch_anomalies_total`` counts an anomaly once, at its first firing event, with
-that event's severity.
+that event's severity. ``ncclwatch_comm_waiting_seconds`` is the longest a rank of the
+communicator has had an operation in flight without completing it, from the plugin's
+``progress`` records (written only while that lasts a second or more); its series exists
+while the communicator waits and is removed once operations complete again.
 
 >>> from prometheus_client import CollectorRegistry
 >>> reg = CollectorRegistry()
@@ -146,6 +150,11 @@ class DetectorMetrics:
             "ncclwatch_rank_relative_exec_ratio",
             "A rank's EW exec time over the median of the other ranks' (straggler when low)",
             RANK_LABELS, registry=r)
+        self.comm_waiting_seconds = Gauge(
+            "ncclwatch_comm_waiting_seconds",
+            "Longest a rank of the communicator has waited in one operation that has not "
+            "completed, seconds (from the plugin's progress records; only while it waits)",
+            ("training_job", "comm", "comm_name"), registry=r)
         self.records_total = Counter(
             "ncclwatch_detector_records_total",
             "Records the detector processed, by kind",
@@ -171,6 +180,7 @@ class DetectorMetrics:
         self._active: dict[str, tuple[str, ...]] = {}  # anomaly id -> its series labels
         self._series_users: dict[tuple[str, ...], int] = {}  # series -> open anomalies on it
         self._counted: OrderedDict[str, None] = OrderedDict()  # ids counted (bounded)
+        self._waiting: dict[str, dict[str, tuple[str, ...]]] = {}  # job -> comm -> its series
         self.lag_seconds.set_function(self._lag)
         self.keys.set_function(lambda: sum(p.key_count() for p in list(self._pipelines)))
 
@@ -282,6 +292,36 @@ class DetectorMetrics:
     def throughput(self, job: str, tflops: float) -> None:
         self.job_tflops.labels(job).set(tflops * 1e12)
 
+    def comm_waiting(self, job: str, waits: dict[str, tuple[str, float]]) -> None:
+        """The job's communicators waiting now, ``comm -> (comm_name, seconds)``: each
+        series set, those of communicators no longer waiting removed.
+
+        >>> from prometheus_client import CollectorRegistry
+        >>> m = DetectorMetrics(CollectorRegistry())
+        >>> m.comm_waiting("j", {"0x1": ("dp", 4.5)})
+        >>> m.registry.get_sample_value("ncclwatch_comm_waiting_seconds",
+        ...     {"training_job": "j", "comm": "0x1", "comm_name": "dp"})
+        4.5
+        >>> m.comm_waiting("j", {})
+        >>> m.registry.get_sample_value("ncclwatch_comm_waiting_seconds",
+        ...     {"training_job": "j", "comm": "0x1", "comm_name": "dp"}) is None
+        True
+        """
+        shown = self._waiting.get(job)
+        if not waits and not shown:
+            return
+        now: dict[str, tuple[str, ...]] = {}
+        for comm, (name, seconds) in waits.items():
+            labels = now[comm] = (job, comm, name)
+            self.comm_waiting_seconds.labels(*labels).set(seconds)
+        for comm, labels in (shown or {}).items():
+            if now.get(comm) != labels:
+                self.comm_waiting_seconds.remove(*labels)
+        if now:
+            self._waiting[job] = now
+        else:
+            self._waiting.pop(job, None)
+
     def event(self, ev: AnomalyEvent) -> None:
         if ev.state == "firing":
             self._fire(ev, count=ev.id not in self._active)
@@ -323,8 +363,9 @@ class DetectorMetrics:
     def job_evicted(self, job: str) -> None:
         for metric in (self.busbw_observed, self.busbw_baseline, self.degradation,
                        self.exec_seconds, self.anomaly_active, self.anomalies_total,
-                       self.job_tflops, self.rank_relative):
+                       self.job_tflops, self.rank_relative, self.comm_waiting_seconds):
             metric.remove_by_labels({"training_job": job})
+        self._waiting.pop(job, None)
         for lru in (self._key_lru, self._rank_lru):
             for labels in [lb for lb in lru if lb[0] == job]:
                 del lru[labels]

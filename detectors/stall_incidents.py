@@ -61,6 +61,7 @@ class StallIncidents:
             self.check(job, out)  # what was held first
         job.stalls.see_row(row)
         self._judge(job, out)
+        self._report(job)
 
     def check(self, job: JobState, out: list) -> None:
         """After a window tick: judge the records held until the job ran steadily, then
@@ -74,6 +75,16 @@ class StallIncidents:
                 tracker.see_row(row)
                 self._judge(job, out)
         self._judge(job, out)
+        self._report(job)
+
+    def _report(self, job: JobState) -> None:
+        """Tell the observer how long each communicator waits now (its gauge), whether or
+        not that is a stall yet; a communicator whose records the job's windows have passed
+        by two windows waits no more."""
+        comm_waiting = getattr(self.book.observer, "comm_waiting", None)
+        if comm_waiting is not None:
+            window = job.window_ns or DEFAULT_WINDOW_NS
+            comm_waiting(job.job, job.stalls.waits(job.watermark - 2 * window) if job.stalls.last else {})
 
     def _judge(self, job: JobState, out: list) -> None:
         cfg = self.cfg

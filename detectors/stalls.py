@@ -152,6 +152,28 @@ class StallTracker:
                              tuple(sorted(r for r, _ in waiting)), behind, silent, colls))
         return out
 
+    def waits(self, since_ns: int) -> dict[str, tuple[str, float]]:
+        """``comm -> (comm_name, seconds)``: the longest any rank of the communicator has
+        had an operation in flight without completing it, as of its records, for the
+        communicators whose newest record is at ``since_ns`` or later (a communicator
+        that stopped writing them completes operations again, or is gone).
+
+        >>> s = 10**9
+        >>> t = StallTracker()
+        >>> t.see("c", "tp", 2, 0, 4 * s, colls=7, in_flight=1, waiting_since_ns=s, host="a", pid=1)
+        >>> t.see("c", "tp", 2, 1, 4 * s, colls=6, in_flight=0, waiting_since_ns=0, host="b", pid=2)
+        >>> t.waits(0), t.waits(5 * s)
+        ({'c': ('tp', 3.0)}, {})
+        """
+        newest: dict[str, int] = {}
+        longest: dict[str, int] = {}
+        for (comm, _), v in self.last.items():
+            if v[0] > newest.get(comm, -1):
+                newest[comm] = v[0]
+            if v[3] > 0 and v[4]:
+                longest[comm] = max(longest.get(comm, 0), v[0] - v[4])
+        return {c: (self.meta[c][0], ns / 1e9) for c, ns in longest.items() if newest[c] >= since_ns}
+
     def to_state(self) -> dict[str, Any]:
         return {"last": [[c, r, *v] for (c, r), v in self.last.items()],
                 "meta": [[c, *m] for c, m in self.meta.items()], "now_ns": self.now_ns,

@@ -268,6 +268,7 @@ SECONDS = 120  # of recording, written at SPEED× real time: a 20 s run
 SPEED = 6.0
 STRAGGLER_S = (25, 45)
 NETWORK_S = (65, 100)
+STALL_S = (112, SECONDS)  # the straggler's process stopped at the end: still waited on as the run ends
 RATE_S = 10  # $__rate_interval: >= 4 scrape intervals of the test Prometheus (1 s)
 DEMO_COMMS = {f"0x00000000000000{c}" for c in ("a0", "a1", "b0", "b1", "c0")}
 INSPECTOR_FIXTURE = REPO / "tests" / "fixtures" / "inspector"
@@ -340,7 +341,8 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
     cluster = testing.unique_name("cluster")
     t0_ns = (time.time_ns() // 10**9 - SECONDS) * 10**9
     labels = demo.write_demo_spool(
-        tmp / "stage", job=job, seconds=SECONDS, t0_ns=t0_ns, straggler_s=STRAGGLER_S, network_s=NETWORK_S
+        tmp / "stage", job=job, seconds=SECONDS, t0_ns=t0_ns, straggler_s=STRAGGLER_S, network_s=NETWORK_S,
+        stall_s=STALL_S,
     )
     spool = tmp / "spool"
     spool.mkdir()
@@ -522,3 +524,21 @@ def test_the_injected_faults_show_on_the_dashboards_while_they_last(live, promet
     lowest = {s["metric"]["rank"]: min(float(v) for _, v in s["values"]) for s in rel}
     # global rank 1 is rank 1 of the 4-rank world communicator
     assert min(lowest, key=lowest.get) == "1" and lowest["1"] < 0.9, lowest
+
+
+@pytest.mark.prometheus
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_stopped_rank_shows_as_its_communicator_waiting_and_is_named(live, prometheus_url):
+    """The run ends with global rank 1's process stopped: the world communicator's wait
+    grows on the dashboards past the detector's stall time, and rank 1 is the straggler."""
+    sel = f'cluster="{live["cluster"]}", comm="0x00000000000000c0"'
+    waits = check.query_range(prometheus_url, f"ncclwatch_comm_waiting_seconds{{{sel}}}",
+                              live["start_s"], live["end_s"] + 5, 1)
+    assert waits, "no ncclwatch_comm_waiting_seconds series during the stop"
+    longest = max(float(v) for series in waits for _, v in series["values"])
+    assert longest >= 3.0, longest
+    stalled = check.query_range(
+        prometheus_url, f'ncclwatch_anomaly_active{{{sel}, anomaly_type="straggler"}} > 0',
+        live["start_s"], live["end_s"] + 5, 1)
+    assert {s["metric"]["rank"] for s in stalled} == {"1"}

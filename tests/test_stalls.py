@@ -318,3 +318,29 @@ def test_a_hung_job_that_falls_silent_keeps_its_stall_until_it_is_forgotten():
     out += p.advance(700 * S)
     assert [(e.type, e.state) for e in out][-1] == ("straggler", "resolved")
     assert out[-1].evidence["resolved_because"] == "job_evicted" and p.jobs() == []
+
+
+@pytest.mark.parametrize("stall_s", [2, 10])
+def test_the_wait_is_a_gauge_while_it_lasts_stall_or_not(stall_s):
+    """``ncclwatch_comm_waiting_seconds``: how long the communicator has waited, as the
+    records say, from a second on, for a wait too short to raise as for a stall; the
+    series goes once operations complete again."""
+    from ncclwatch.detectors.metrics import DetectorMetrics
+    from prometheus_client import CollectorRegistry
+
+    labels = {"training_job": "j", "comm": COMM, "comm_name": "dp"}
+    m = DetectorMetrics(CollectorRegistry())
+    p = Pipeline(DetectorConfig())
+    m.bind(p)
+    run(p, 0, 40)
+    assert m.registry.get_sample_value("ncclwatch_comm_waiting_seconds", labels) is None
+    seen = []
+    for k in range(1, stall_s + 1):
+        p.process(progress(40 + k, 0, colls=400, in_flight=1, since=40))
+        p.advance((40 + k) * S)
+        seen.append(m.registry.get_sample_value("ncclwatch_comm_waiting_seconds", labels))
+    assert seen == [float(k) for k in range(1, stall_s + 1)]
+    end = 40 + stall_s
+    p.process(step(end + 0.5, 300.0 / (stall_s + 1)))
+    run(p, end, end + 20, step_at=1.5)
+    assert m.registry.get_sample_value("ncclwatch_comm_waiting_seconds", labels) is None

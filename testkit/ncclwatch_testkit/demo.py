@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ncclwatch.detectors.labels import Label, LabelSet
 
-from ncclwatch.records import DropRecord, PluginStats, ThroughputRecord, to_json
+from ncclwatch.records import DropRecord, PluginStats, ProgressRecord, ThroughputRecord, to_json
 from ncclwatch.rules import (
     NETWORK_TRANSPORTS,
     bandwidths_gbs,
@@ -102,9 +102,15 @@ def write_demo_spool(
     straggler_late_ms: float = 10.0,
     network_s: tuple[int, int] = (100, 150),
     network_loss: float = 0.35,
+    stall_s: tuple[int, int] | None = None,
     seed: int = 7,
 ) -> dict:
-    """Write the recording under ``spool/<job>/``; return its labels (docs/scenarios.md format)."""
+    """Write the recording under ``spool/<job>/``; return its labels (docs/scenarios.md format).
+
+    ``stall_s``: also stop the straggler's process over ``[start, end)``: nothing
+    completes in the job, and the other ranks' plugins write ``progress`` records once a
+    second, waiting in the world communicator's collective.
+    """
     rnd = random.Random(seed)
     t0_ns = t0_ns if t0_ns is not None else (time.time_ns() // 10**9 - seconds) * 10**9
     comms = topology()
@@ -138,7 +144,14 @@ def write_demo_spool(
     # whatever its size: 10 ms at 4 ops/s keeps the others waiting 4 % of the time (the
     # job's 7 % loss below, spread over its communicators).
     late_ns = int(straggler_late_ms * 1e6)
+    def stopped(s: int) -> bool:
+        return stall_s is not None and stall_s[0] <= s < stall_s[1]
+
     for s in range(seconds):
+        if stopped(s):
+            _progress_lines(lines, comms, s, stall_s, straggler_rank, job=job, t0_ns=t0_ns,
+                            host_of=host_of, pid_of=pid_of)
+            continue
         straggling = straggler_s[0] <= s < straggler_s[1]
         degraded = network_s[0] <= s < network_s[1]
         for k in range(OPS_PER_S):
@@ -183,6 +196,8 @@ def write_demo_spool(
         (out / f"{host_of(g)}-GPU-{g}-{pid_of(g)}.000000.jsonl").write_text("\n".join(recs) + "\n")
     tp = []
     for s in range(seconds):
+        if stopped(s):
+            continue  # no step completes
         speed = 310.0
         if network_s[0] <= s < network_s[1]:
             speed *= 0.87
@@ -227,7 +242,37 @@ def write_demo_spool(
             ),
         ],
     )  # fmt: skip
+    if stall_s is not None:
+        labels.labels.append(Label(
+            start_ns=t0_ns + stall_s[0] * 10**9, end_ns=t0_ns + stall_s[1] * 10**9,
+            type="straggler", attribution="straggler", rank=world.members.index(straggler_rank),
+            comm=world.comm, host=host_of(straggler_rank),
+            note=f"global rank {straggler_rank}'s process stopped; the others wait in {world.name}",
+        ))
     return labels.to_dict()
+
+
+def _progress_lines(lines: dict[int, list[str]], comms: list[Comm], s: int, stall_s: tuple[int, int],
+                    stopped_rank: int, *, job: str, t0_ns: int, host_of, pid_of) -> None:
+    """Second ``s`` of a stop: from a second into it, each other rank's plugin writes one
+    record per communicator of its process, in flight in the world communicator's next
+    collective (the one the stopped rank never calls), idle in the others."""
+    if s == stall_s[0]:
+        return  # an op must be in flight a second before the plugin says so
+    done = stall_s[0] * OPS_PER_S
+    since = t0_ns + stall_s[0] * 10**9
+    for g in lines:
+        if g == stopped_rank:
+            continue
+        for c in comms:
+            if g not in c.members:
+                continue
+            waits = c.name == "world"
+            lines[g].append(to_json(ProgressRecord(
+                job=job, host=host_of(g), pid=pid_of(g), gpu=f"GPU-{g}", comm=c.comm, comm_name=c.name,
+                rank=c.members.index(g), nranks=len(c.members), ts_ns=t0_ns + s * 10**9,
+                issued=done + waits, colls=done + waits, done=done, in_flight=int(waits),
+                waiting_since_ns=since, last_done_ns=since)))
 
 
 def main(argv: list[str] | None = None) -> int:
