@@ -16,6 +16,13 @@ process spends.
 confluent-kafka producer (the same librdkafka settings) sending the same op lines packed
 the same way, built before timing (no spool reading, parsing, windows or checkpoints).
 
+``--floor``: in every repeat, also the least any forwarder that checks what it sends
+must do: every spool line read and parsed by the fast validated parser
+(``ingest/parse.py``, the forwarder's own), nothing windowed or sent. Costs per record
+add up: such a forwarder spends at least ``1/floor + 1/bare`` CPU-seconds per record
+when it sends with the bare producer's client, so it reaches at most
+``floor / (floor + bare)`` of the bare producer's rate.
+
 A producer named ``confluent-kafka:no-idempotence`` is librdkafka with its idempotent
 producer off (as shipped before 2026-11-25), to measure what the order guarantee costs.
 
@@ -193,6 +200,24 @@ def bare_run(bootstrap: str, messages: list[tuple[bytes, bytes]], records: int, 
     return c1 - c0, w1 - w0, records
 
 
+def floor_run(spool: str, records: int) -> tuple[float, float, int]:
+    """Every spool line read and parsed by the forwarder's fast validated parser, nothing
+    else: CPU of this process."""
+    from ncclwatch.ingest.parse import is_quarantined, parse
+
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(spool) for f in fs if f.endswith(".jsonl"))
+    n = bad = 0
+    c0, w0 = cpu_s(), time.perf_counter()
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f.read().splitlines():
+                bad += is_quarantined(parse(line))
+                n += 1
+    c1, w1 = cpu_s(), time.perf_counter()
+    assert n == records and not bad, (n, records, bad)
+    return c1 - c0, w1 - w0, n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=60000)
@@ -205,6 +230,8 @@ def main() -> int:
     ap.add_argument("--streams", default="", help="comma-separated stream counts: the shipped config per count")
     ap.add_argument("--bare", action="store_true",
                     help="also, in every repeat, a bare confluent-kafka producer sending the same packed messages")
+    ap.add_argument("--floor", action="store_true",
+                    help="also, in every repeat, the spool read and parsed alone (no windows, nothing sent)")
     args = ap.parse_args()
     producers = args.producers.split(",")
     bootstrap = testing.ensure_started("kafka").kafka_bootstrap
@@ -225,7 +252,7 @@ def main() -> int:
         a, b, c = args.only.split(",")
         configs = [(int(a), b, int(c))]
     for per_msg, codec, batch in configs:
-        sides = [*producers, "bare"] if args.bare else producers
+        sides = [*producers, *(["bare"] if args.bare else []), *(["floor"] if args.floor else [])]
         bare_input = packed_messages(spool, per_msg) if args.bare else []
         assert not args.bare or sum(v.count(b"\n") + 1 for _, v in bare_input) == records
         rates: dict[str, list[float]] = {p: [] for p in sides}
@@ -235,6 +262,8 @@ def main() -> int:
             for producer in sides if i % 2 == 0 else sides[::-1]:
                 if producer == "bare":
                     cpu, wall, n = bare_run(bootstrap, bare_input, records, codec)
+                elif producer == "floor":
+                    cpu, wall, n = floor_run(spool, records)
                 else:
                     cpu, wall, n = one_run(bootstrap, spool, records, per_msg, codec, batch, producer=producer)
                 rates[producer].append(n / cpu)
@@ -245,6 +274,11 @@ def main() -> int:
                 each = ", ".join(f"{a / b:.2f}" for a, b in zip(rates[producer], rates["bare"], strict=True))
                 print(f"{producer}: {statistics.median(rates[producer]) / limit:.2f}x the bare producer "
                       f"(medians; per repeat: {each})", flush=True)
+            if args.floor:
+                bound = [f / (f + b) for f, b in zip(rates["floor"], rates["bare"], strict=True)]
+                print(f"a forwarder that parses every line: at most {statistics.median(bound):.2f}x the bare "
+                      f"producer (floor / (floor + bare) per repeat: {', '.join(f'{x:.2f}' for x in bound)})",
+                      flush=True)
         for producer in sides:
             r, w = rates[producer], walls[producer]
             rows.append((producer, per_msg, codec, batch, r, w))
