@@ -413,7 +413,9 @@ def expand_globs(patterns: Iterable[str]) -> list[Path]:
     return [Path(p) for p in out]
 
 
-_ARGUMENT_LINES = 5000  # Megatron prints its arguments within a log's first lines
+# Megatron prints its arguments before its first iteration; a log with neither in its
+# first this many lines has none (scanning on would read every rank's log twice)
+_ARGUMENT_LINES = 100_000
 
 
 def read_training_logs(
@@ -435,6 +437,8 @@ def read_training_logs(
     for path in paths if options.throughput_regex == DEFAULT_REGEX else ():
         with _open_bytes(path) as f:
             for _, raw in zip(range(_ARGUMENT_LINES), f, strict=False):
+                if megatron.complete or is_iteration_line(raw):
+                    break  # the arguments come before training starts
                 megatron.read(raw.decode("utf-8", errors="replace"))
     read_ns = time.time_ns()
     naive_only = True

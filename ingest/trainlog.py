@@ -61,8 +61,11 @@ _BATCH = re.compile(r"global batch size:\s*(\d+)")
 # Megatron's (and NeMo's) iteration line, with a figure the default pattern reads
 _ITERATION_LINE = re.compile(
     rb"\biteration\s+\d+\s*/\s*\d+\s*\|.*(?:throughput per GPU|elapsed time per iteration|TFLOPS_per_GPU)")
-# Megatron's ``print_args``: "  hidden_size ........ 4096", after a launcher's rank tag if any
-_ARG = re.compile(r"^(?:\[[^\]]*\]:|\d+:)?\s*([a-z_][a-z0-9_]*) \.{2,} (\S+)\s*$")
+# Megatron's ``print_args``: "  hidden_size ........ 4096", after whatever launchers and
+# log shippers put before it (``0: [default0]:``, an RFC 3339 stamp); a value may be a list
+# with spaces (``moe_layer_freq ..... [0, 0, 1, 1]``)
+_ARG = re.compile(r"(?:^|\s)([a-z_][a-z0-9_]*) \.{2,} (\S.*?)\s*$")
+_END_OF_ARGS = "end of arguments"
 _PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 # A timestamp near the start of a line: Megatron's ``[2026-11-22 03:25:28.104489]``,
@@ -210,13 +213,18 @@ class MegatronFlops:
     Megatron's ``training_log`` divides ``num_floating_point_operations(args, global
     batch)`` by the iteration time and the world size; this reads the arguments it
     printed at start (``print_args``: one ``name ..... value`` line each, and its
-    ``> padded vocab`` line) and does the same for the dense and MoE GPT formula
-    (attention with grouped queries, (Swi)GLU MLP, routed and shared experts, logits).
-    Newer model kinds (multi-latent attention, hybrid Mamba) are counted as that
-    formula would; their absolute figure may then differ from Megatron's own, but a
-    run's series stays proportional to its iterations per second, which is all the
-    detectors compare. Several ranks' logs of one job share one instance: the
-    arguments are in rank 0's log, the iteration lines in the last rank's.
+    ``> padded vocab`` line) and does the same for the GPT formula: attention with grouped
+    queries, (Swi)GLU MLP, routed and shared experts, logits. Megatron changed that
+    formula in core_v0.12 (causal attention counted half, experts of
+    ``moe_ffn_hidden_size``, dense and MoE layers from ``moe_layer_freq``, multi-token
+    prediction layers; an output gate since core_v0.16); the arguments of those versions
+    include ``mtp_num_layers``, so a log that prints it is computed the new way, any
+    other the old. Newer model kinds (multi-latent attention, hybrid Mamba, linear
+    attention) and packed sequences are counted as that formula would; their absolute
+    figure may then differ from Megatron's own, but a run's series stays proportional to
+    its iterations per second, which is all the detectors compare. Several ranks' logs of
+    one job share one instance: the arguments are in rank 0's log, the iteration lines
+    in the last rank's.
 
     >>> m = MegatronFlops()
     >>> for line in ["  hidden_size ..... 4096", "[default0]:  num_layers ....... 32",
@@ -224,8 +232,11 @@ class MegatronFlops:
     ...              "  ffn_hidden_size ..... 11008", "  swiglu ..... True",
     ...              "  world_size ..... 64", " > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)"]:
     ...     _ = m.read(line)
-    >>> round(m.tflops(iteration_ms=12_000.0, global_batch=512), 1)  # Llama-2-7B-like
+    >>> round(m.tflops(iteration_ms=12_000.0, global_batch=512), 1)  # Llama-2-7B-like, Megatron < 0.12
     125.8
+    >>> _ = m.read("0: [default0]:  mtp_num_layers .............. None")   # core_v0.12 or later
+    >>> round(m.tflops(iteration_ms=12_000.0, global_batch=512), 1)  # attention's s^2 term halved
+    117.0
     >>> MegatronFlops().tflops(iteration_ms=100.0, global_batch=8) is None  # no arguments seen
     True
     """
@@ -234,11 +245,12 @@ class MegatronFlops:
 
     def __init__(self) -> None:
         self.args: dict[str, str] = {}
+        self.ended = False  # its "end of arguments" line was read
 
     def read(self, line: str) -> bool:
         """Remember the argument this line prints; False if it prints none."""
         if "..." in line:
-            m = _ARG.match(line)
+            m = _ARG.search(line)
             if m is not None:
                 self.args[m.group(1)] = m.group(2)
                 return True
@@ -247,7 +259,14 @@ class MegatronFlops:
             if m is not None:
                 self.args["padded_vocab_size"] = m.group(1)
                 return True
+        elif _END_OF_ARGS in line:
+            self.ended = True
         return False
+
+    @property
+    def complete(self) -> bool:
+        """Every argument it will print was read (the vocabulary's size comes last)."""
+        return self.ended and "padded_vocab_size" in self.args
 
     def _num(self, name: str, default: float | None = None) -> float | None:
         v = self.args.get(name)
@@ -260,6 +279,21 @@ class MegatronFlops:
     def _flag(self, name: str) -> bool:
         return self.args.get(name) == "True"
 
+    def _moe_layers(self, layers: int) -> list[int]:
+        """Which layers have experts (1) or a dense MLP (0): ``moe_layer_freq`` printed as
+        an interval (every n-th layer, from the first) or as the list itself."""
+        v = (self.args.get("moe_layer_freq") or "1").strip()
+        if v.startswith("["):
+            try:
+                pattern = [int(x) for x in v.strip("[]").split(",")]
+            except ValueError:
+                pattern = []
+            if len(pattern) == layers and set(pattern) <= {0, 1}:
+                return pattern
+            return [1] * layers  # not a list Megatron would accept: every layer, as before 0.12
+        every = int(self._num("moe_layer_freq") or 1) or 1
+        return [1 if i % every == 0 else 0 for i in range(layers)]
+
     def flops(self, global_batch: int) -> float | None:
         """Model FLOPs of one iteration of ``global_batch`` sequences (forward and back)."""
         h, layers, heads, seq, _ = (self._num(k) for k in self.NEEDED)
@@ -268,14 +302,30 @@ class MegatronFlops:
         kv = self._num("kv_channels") or h / heads
         groups = self._num("num_query_groups") if self._flag("group_query_attention") else None
         groups = groups or heads
-        experts = 1.0 if self._num("num_experts") is None else (self._num("moe_router_topk") or 1.0)
-        glu = 1.5 if self._flag("swiglu") else 1.0
+        moe = self._num("num_experts") is not None
+        topk = (self._num("moe_router_topk") or 1.0) if moe else 0.0
         ffn = self._num("ffn_hidden_size") or 4 * h
         shared = self._num("moe_shared_expert_intermediate_size") or 0.0
         vocab = self._num("padded_vocab_size") or 0.0  # unknown: no logit term (a constant)
-        attention = (1 + groups / heads + seq / h) * (kv * heads / h)
-        mlp = ffn / h * experts * glu + shared / h * glu
-        return 12 * global_batch * seq * layers * h * h * (attention + mlp + vocab / (2 * layers * h))
+        if "mtp_num_layers" not in self.args:  # Megatron before core_v0.12
+            glu = 1.5 if self._flag("swiglu") else 1.0
+            attention = (1 + groups / heads + seq / h) * (kv * heads / h)
+            mlp = ffn / h * (topk if moe else 1.0) * glu + shared / h * glu
+            return 12 * global_batch * seq * layers * h * h * (attention + mlp + vocab / (2 * layers * h))
+        # core_v0.12 on: per token, 6 (forward and backward, multiply-add) x each GEMM's size
+        glu = 3.0 if self._flag("swiglu") else 2.0  # GEMMs of the MLP
+        pattern = self._moe_layers(int(layers)) if moe else [0] * int(layers)
+        mtp = self._num("mtp_num_layers") or 0.0
+        moe_layers = sum(pattern) + pattern[-1] * mtp  # prediction layers are like the last
+        dense_layers = layers + mtp - moe_layers
+        expert_ffn = self._num("moe_ffn_hidden_size") or ffn
+        q, kvp = kv * heads, kv * groups
+        gate = q if self._flag("attention_output_gate") else 0.0
+        per_token = (6 * h * (ffn * glu * dense_layers + (expert_ffn * topk + shared) * glu * moe_layers)
+                     + (6 * (h * (q + 2 * kvp + gate) + q * h) + 6 * q * seq) * (layers + mtp)
+                     + 6 * mtp * (3 * h + 2 * h * h)
+                     + 6 * h * vocab * (mtp + 1))
+        return global_batch * seq * per_token
 
     def tflops(self, iteration_ms: float, global_batch: int | None) -> float | None:
         """TFLOP/s per GPU for an iteration of ``iteration_ms``; None until the arguments

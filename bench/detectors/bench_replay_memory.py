@@ -11,6 +11,8 @@ resident set since exec (``VmHWM``, which the child prints as it exits), CPU sec
 - ``report``: ``ncclwatch report SPOOL`` (Markdown and figures);
 - ``bare-read``: every line of the spool read and decoded by the fast parser, nothing
   else (the limit a replay is measured against);
+- ``bare-window``: the same, and every op put in its window by the windower, nothing
+  else (the least ``watch`` must do before its detectors, in the order read);
 - ``topic``: ``ncclwatch replay --topic T --out FILE`` and ``topic-detect``:
   ``ncclwatch replay --topic T --detect``, where T holds the same spool (written once
   per length with ``replay --files SPOOL --to-topic T``, unlimited retention; its
@@ -64,8 +66,31 @@ def bare_read(spool):
     print(n, "lines", file=sys.stderr)
     return 0
 
+def bare_window(spool):
+    # the least `watch` must do besides its detectors: read, decode, window every op
+    from pathlib import Path
+    from ncclwatch.ingest.parse import parse
+    from ncclwatch.ingest.windows import Windower
+    w = Windower(1.0)
+    n = windows = 0
+    for f in sorted(Path(spool).rglob("*.jsonl")):
+        with open(f, "rb") as fh:
+            for line in fh:
+                rec = parse(line.rstrip(b"\n"))
+                if getattr(rec, "KIND", "") == "op":
+                    windows += len(w.add(rec))
+                n += 1
+    windows += len(w.flush())
+    print(n, "lines", windows, "windows", file=sys.stderr)
+    return 0
+
 try:
-    rc = bare_read(sys.argv[3]) if sys.argv[2] == "bare-read" else cli.main(sys.argv[2:])
+    if sys.argv[2] == "bare-read":
+        rc = bare_read(sys.argv[3])
+    elif sys.argv[2] == "bare-window":
+        rc = bare_window(sys.argv[3])
+    else:
+        rc = cli.main(sys.argv[2:])
 finally:
     # peak resident set since exec (ru_maxrss would also count the forked parent's pages)
     hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -128,8 +153,8 @@ def check_topic(topic: str, want: int, n: int) -> None:
 
 
 def argv_for(command: str, spool: Path, out: Path, topic: str = "") -> list[str]:
-    if command == "bare-read":
-        return ["bare-read", str(spool)]
+    if command in ("bare-read", "bare-window"):
+        return [command, str(spool)]
     if command == "topic":
         return ["replay", "--topic", topic, "--out", str(out / "replayed.jsonl"), "--no-progress"]
     if command == "topic-detect":
