@@ -156,6 +156,14 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = UNKNOWN_GPU) -> 
     seq = _int(perf, f"{p}_sn", 0)
     nbytes = _int(perf, f"{p}_msg_size_bytes", 0)
     exec_ns = _int(perf, f"{p}_exec_time_us", 0) * 1000
+    # Inspector times an op by its kernels' GPU timestamps (``kernel_gpu``), else by host
+    # events (``kernel_cpu``, ``collective_cpu``: launch and queueing included, kept only
+    # with NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0), and writes 0 where it had nothing
+    # usable (a Send/Recv without timestamps) or the op took under a microsecond. Only
+    # the first is a measurement comparable with the others; the rest are counted as
+    # untimed ops (``host``: no duration, no bandwidth), which only move stream time.
+    source = perf.get(f"{p}_timing_source", "kernel_gpu")
+    timed = source == "kernel_gpu" and exec_ns > 0
     peer = _int(perf, "p2p_peer") if p == "p2p" else -1
     _num(perf.get(f"{p}_busbw_gbs", "nan"), f"{p}_busbw_gbs")  # present and numeric (or "nan")
 
@@ -176,6 +184,8 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = UNKNOWN_GPU) -> 
             start_ns = trace[f"{p}_start_ts"] * 1000
     if start_ns is None:
         start_ns = dump_us * 1000 - exec_ns
+    if not timed:
+        exec_ns = 0
 
     # Bandwidths are recomputed with the project's rules (Inspector uses the same
     # nccl-tests convention) so that a NaN printed as "nan" cannot leak through.
@@ -205,7 +215,7 @@ def op_from_inspector(raw: bytes | str, *, job: str, gpu: str = UNKNOWN_GPU) -> 
         channels=channels,
         start_ns=start_ns,
         exec_ns=exec_ns,
-        timing="inspector",
+        timing="inspector" if timed else "host",
         algbw_gbs=algbw,
         busbw_gbs=busbw,
         graph=False,

@@ -88,16 +88,20 @@ def message_bytes(count: int, dtype: str) -> int:
         raise ValueError(f"unknown NCCL datatype {dtype!r}") from None
 
 
+GATHERS = ("AllGather", "AllGatherV", "ReduceScatter")  # described by the per-rank count
+
+
 def traffic_bytes(op: str, msg_bytes: int, nranks: int) -> int:
     """Bytes an op moves per rank in nccl-tests' convention (the algbw numerator).
 
-    AllGather and ReduceScatter are described by the per-rank count, so their traffic
-    is the message times the communicator size.
+    AllGather (and its ``V`` form, as NCCL Inspector counts it) and ReduceScatter are
+    described by the per-rank count, so their traffic is the message times the
+    communicator size.
 
     >>> traffic_bytes("AllGather", 1000, 4), traffic_bytes("AllReduce", 1000, 4)
     (4000, 1000)
     """
-    if op in ("AllGather", "ReduceScatter"):
+    if op in GATHERS:
         return msg_bytes * nranks
     return msg_bytes
 
@@ -109,10 +113,10 @@ def bus_factor(op: str, nranks: int) -> float:
     (1.0, 0.75, 1.0)
     """
     if nranks <= 1:
-        return 1.0 if op not in ("AllReduce", "AllGather", "ReduceScatter", "AllToAll") else 0.0
+        return 1.0 if op not in ("AllReduce", *GATHERS, "AllToAll") else 0.0
     if op == "AllReduce":
         return 2.0 * (nranks - 1) / nranks
-    if op in ("AllGather", "ReduceScatter", "AllToAll"):
+    if op in GATHERS or op == "AllToAll":
         return (nranks - 1) / nranks
     return 1.0
 

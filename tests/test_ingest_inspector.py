@@ -114,3 +114,45 @@ def test_message_size_labels():
     assert message_size_lower_bytes("1023-1024B") == 1023
     with pytest.raises(InspectorError):
         message_size_lower_bytes("big")
+
+
+def _line(perf: dict, kind: str = "coll") -> bytes:
+    import json
+
+    return json.dumps({
+        "header": {"id": "0xab", "comm_name": "dp", "rank": 1, "n_ranks": 8, "nnodes": 2},
+        "metadata": {"inspector_output_format_version": "v4.0", "git_rev": "", "hostname": "h", "pid": 9,
+                     "rec_mechanism": "nccl_profiler_interface", "dump_timestamp_us": 2_000_000},
+        f"{kind}_perf": perf}).encode()
+
+
+@pytest.mark.parametrize("source,exec_us,timing", [
+    ("kernel_gpu", 100, "inspector"),
+    ("kernel_cpu", 100, "host"),       # NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0: launch included
+    ("collective_cpu", 100, "host"),
+    ("kernel_gpu", 0, "host"),         # nothing usable (a Send/Recv without timestamps), or < 1 us
+])
+def test_only_gpu_timed_ops_carry_a_duration(source, exec_us, timing):
+    """An op Inspector timed on the host, or could not time, is counted but measures
+    nothing: no 0 in a window's kernel times, no bandwidth of 0, no launch time in a
+    baseline of kernel times."""
+    for kind, perf in (("coll", {"coll": "AllReduce", "coll_sn": 5, "coll_msg_size_bytes": 1 << 20}),
+                       ("p2p", {"p2p": "Send", "p2p_sn": 3, "p2p_peer": 2, "p2p_msg_size_bytes": 1 << 20})):
+        perf |= {f"{kind}_exec_time_us": exec_us, f"{kind}_timing_source": source,
+                 f"{kind}_algobw_gbs": "nan", f"{kind}_busbw_gbs": "nan"}
+        op = op_from_inspector(_line(perf, kind), job="j")
+        assert op.timing == timing
+        if timing == "host":
+            assert (op.exec_ns, op.busbw_gbs, op.algbw_gbs) == (0, 0.0, 0.0)
+            assert op.start_ns == 2_000_000_000 - exec_us * 1000  # still placed in time
+        else:
+            assert op.exec_ns == 100_000 and op.busbw_gbs > 0
+
+
+def test_allgatherv_bandwidth_as_inspector_counts_it():
+    """Inspector's AllGatherV: the per-rank message times the ranks, (n - 1)/n on the bus,
+    as for AllGather."""
+    perf = {"coll": "AllGatherV", "coll_sn": 1, "coll_msg_size_bytes": 1_000_000, "coll_exec_time_us": 100,
+            "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 80.0, "coll_busbw_gbs": 70.0}
+    op = op_from_inspector(_line(perf), job="j")
+    assert (op.algbw_gbs, op.busbw_gbs) == (80.0, 70.0)

@@ -83,16 +83,20 @@ int nw_dtype_bytes(const char* dtype) {
   return 0;
 }
 
+/* Described by the per-rank count (ncclwatch/rules.py GATHERS). */
+static int nw_is_gather(const char* op) {
+  return strcmp(op, "AllGather") == 0 || strcmp(op, "AllGatherV") == 0 ||
+         strcmp(op, "ReduceScatter") == 0;
+}
+
 uint64_t nw_traffic_bytes(const char* op, uint64_t msg_bytes, int nranks) {
-  if (strcmp(op, "AllGather") == 0 || strcmp(op, "ReduceScatter") == 0)
-    return msg_bytes * (uint64_t)nranks;
+  if (nw_is_gather(op)) return msg_bytes * (uint64_t)nranks;
   return msg_bytes;
 }
 
 double nw_bus_factor(const char* op, int nranks) {
   int all = strcmp(op, "AllReduce") == 0;
-  int gather = strcmp(op, "AllGather") == 0 || strcmp(op, "ReduceScatter") == 0 ||
-               strcmp(op, "AllToAll") == 0;
+  int gather = nw_is_gather(op) || strcmp(op, "AllToAll") == 0;
   if (nranks <= 1) return (all || gather) ? 0.0 : 1.0;
   /* Same evaluation order as Python's 2.0 * (n - 1) / n, so results are bit-identical. */
   if (all) return 2.0 * (nranks - 1) / nranks;
