@@ -10,7 +10,9 @@ trouble is, with this precedence:
 3. **network_path**: only network keys (``rules.NETWORK_TRANSPORTS``: ``net``, ``mixed``)
    are degraded while the job's NVLink keys hold. A job without NVLink keys has no such
    reference; there several network keys degrading together still point at the path,
-   while a single network key degrading alone among healthy ones does not;
+   while a single network key degrading alone among healthy ones does not (healthy
+   ones that move bytes: a key of latency-bound messages, ``rules.bandwidth_bound``,
+   holds through any loss of bandwidth, so it counts for nothing either way);
 4. **collective_degraded** (attribution ``unknown``): anything else.
 
 The inputs are the job stage's views of its keys (:class:`~.keys.KeyView`) and what the
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ncclwatch.records import UNKNOWN_GPU  # in windows of forwarders before 2026-11-27
-from ncclwatch.rules import NETWORK_TRANSPORTS
+from ncclwatch.rules import NETWORK_TRANSPORTS, bandwidth_bound
 
 
 class KeyView(Protocol):
@@ -117,7 +119,8 @@ def attribute(
                 nv_degraded.append(k)
             else:
                 nv_holding += 1
-        elif k.transport in NETWORK_TRANSPORTS:
+        elif k.transport in NETWORK_TRANSPORTS and (bad or bandwidth_bound(k.size_bucket)):
+            # a latency-bound key holding (a few bytes' all-reduce) says nothing of the path
             net_total += 1
             net_degraded += bad
     counts = {

@@ -14,7 +14,7 @@ from typing import Any
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import AnomalyEvent
-from ncclwatch.rules import NETWORK_TRANSPORTS
+from ncclwatch.rules import NETWORK_TRANSPORTS, bandwidth_bound
 
 from .attribution import Verdict, degraded_now
 from .causes import LINK_TYPES, echoed_links, hosts_of, link_trouble, name_late_process, slow_gpu_echo, slowed_alike
@@ -240,7 +240,7 @@ class IncidentBook:
                 nv_ok += not bad
             elif k.transport in NETWORK_TRANSPORTS:
                 net_bad += bad
-                net_ok += not bad
+                net_ok += not bad and bandwidth_bound(k.size_bucket)
         return nv_bad, nv_ok, net_bad, net_ok
 
     def _retype(self, job: JobState, inc: Incident, want: str) -> bool:

@@ -171,6 +171,21 @@ def size_bucket_bytes(label: str) -> int:
     return int(m.group(1)) << (10 * _BUCKET_UNITS.index(m.group(2)))
 
 
+# Messages from this size on take their time moving bytes, not waiting on latency: a
+# link that loses bandwidth slows them. A key of smaller ones (a loss or grad-norm
+# all-reduce of a few bytes) holding steady says nothing about a link's bandwidth.
+BANDWIDTH_BOUND_BYTES = 1 << 20
+
+
+def bandwidth_bound(bucket: str) -> bool:
+    """Whether a key of this size bucket would feel a link losing bandwidth.
+
+    >>> bandwidth_bound("512MiB"), bandwidth_bound("1MiB"), bandwidth_bound("8B")
+    (True, True, False)
+    """
+    return size_bucket_bytes(bucket) >= BANDWIDTH_BOUND_BYTES
+
+
 def inspector_size_label(nbytes: int) -> str:
     """NCCL Inspector's ``message_size`` label: ``"<n>-<n+1><unit>"``.
 

@@ -135,12 +135,16 @@ def rate_drop(steps: list[dict], start_ns: int, end_ns: int) -> float:
 
 
 def sources(run: Path) -> tuple[list[Path], Options]:
-    """What a user of the run's profiler has: Inspector logs + training logs, or the spool."""
-    profiler = json.loads((run / "run.json").read_text()).get("profiler", "ncclwatch")
+    """What a user of the run's profiler has: Inspector logs + training logs, or the spool
+    (+ the training logs where the job reported its throughput only there: Megatron-LM's
+    own runs, ``run.json`` ``"throughput": "log"``)."""
+    info = json.loads((run / "run.json").read_text())
     job = json.loads((run / "labels.json").read_text())["job"]
-    if profiler == "inspector":
-        logs = sorted(str(p) for p in (run / "trainlogs").glob("rank-*.log"))
+    logs = sorted(str(p) for p in (run / "trainlogs").glob("rank-*.log"))
+    if info.get("profiler", "ncclwatch") == "inspector":
         return [run / "inspector"], Options(job=job, training_logs=logs)
+    if info.get("throughput") == "log":
+        return [run / "spool"], Options(job=job, training_logs=logs)
     return [run / "spool"], Options(job=job)
 
 

@@ -181,6 +181,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-28-x2", "2×H200: a network and an NVLink communicator, two processes per GPU; or one node of two"),
     ("2026-11-28-x4", "4×H200: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-29-x1", "1×H200: two or four pretend nodes sharing it, steps synchronised in NCCL"),
+    ("2026-11-29-megatron", "1×H200: Megatron-LM core_v0.19 itself, two pretend nodes sharing it"),
 )
 
 
@@ -616,6 +617,34 @@ def gpu_runs_2026_11_29_x1_section() -> str:
     return "\n".join(out)
 
 
+def gpu_runs_2026_11_29_megatron_section() -> str:
+    """Megatron-LM's own runs of 2026-11-29: the batch that shaped a change, and the one
+    held out for it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    rows = judged("2026-11-29-megatron")
+    split = json.loads((GPU_RUNS / "2026-11-29-megatron" / "split.json").read_text())
+    out = ["## Recorded GPU runs of 2026-11-29: Megatron-LM itself\n", GPU_RUNS_11_29_MEGATRON]
+    for title, part in (("First batch (plan `be`): it shaped `rules.bandwidth_bound`", "tune"),
+                        ("Second batch (plan `bf`), held out for it, judged once", "heldout")):
+        out += [f"### {title}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[part])]), ""]
+    return "\n".join(out)
+
+
+GPU_RUNS_11_29_MEGATRON = """9 real runs of Megatron-LM's `pretrain_gpt.py` (core_v0.19.0, a GPT of 8 layers on mock
+data, data-parallel over two pretend nodes sharing one H200; the throughput is Megatron's
+own log; `tests/fixtures/gpu_runs/2026-11-29-megatron`, README there; recorded with
+`bench/scenarios/megatron_suite.sh`). The first batch raised its throttles as
+`collective_degraded`: Megatron's one gradient key degraded while its byte-sized loss and
+grad-norm keys held, and those were taken as network keys that hold. Since then only
+keys of 1 MiB and more count as holding (`rules.bandwidth_bound`); no earlier run
+changed. The second batch, held out for that change (throttles through both profilers
+and with Megatron's log without its TFLOP/s figure, a stopped rank, a clean run through
+Inspector): **5 of 5** (the code before: 3 of 5).
+"""
+
+
 GPU_RUNS_11_29_X1 = """50 real runs on one H200 in nine batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
@@ -922,6 +951,7 @@ def render(work: Path) -> str:
         gpu_runs_2026_11_28_x2_section(),
         gpu_runs_2026_11_28_x4_section(),
         gpu_runs_2026_11_29_x1_section(),
+        gpu_runs_2026_11_29_megatron_section(),
         RULES,
     ])
 

@@ -1,0 +1,51 @@
+"""Real Megatron-LM runs of 2026-11-29 (core_v0.19.0, one H200, two pretend nodes);
+tests/fixtures/gpu_runs/2026-11-29-megatron has the README."""
+
+from __future__ import annotations
+
+import re
+import tarfile
+
+from gpu_runs_support import eval_gpu_runs, recorded_set
+from ncclwatch.ingest.trainlog import ThroughputParser
+
+FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-29-megatron")
+
+
+def test_every_run_is_right(rows):
+    """The throttles are the path, the stopped processes named, the clean runs quiet:
+    through the plugin and through NCCL Inspector, with and without the TFLOP/s figure
+    in Megatron's log."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(rows)])
+    assert all(r["ok"] for r in rows.values()), table
+    for name in ("m1x2-tc-24g-be", "m1x2-tc-16g-bf", "m1x2-nolt-tc-12g-bf", "i1x2-tc-16g-bf"):
+        assert (rows[name]["got"], rows[name]["severity"]) == ("network_path", "critical"), table
+        assert rows[name]["delay_s"] <= 4.0, table
+    assert rows["m1x2-stop-r0-6s-bf"]["got"] == "straggler rank 0", table
+    assert rows["m1x2-stop-r1-8s-be"]["got"] == "straggler rank 1", table
+
+
+def _log(run: str, rank: int) -> list[str]:
+    with tarfile.open(FIXTURES / f"{run}.tar.gz") as tar:
+        f = tar.extractfile(f"{run}/trainlogs/rank-{rank}.log")
+        assert f is not None
+        return f.read().decode().splitlines()
+
+
+def test_the_tflops_computed_from_megatrons_arguments_are_the_ones_it_prints():
+    """Megatron core_v0.19's log, its TFLOP/s figure taken off each iteration line: what
+    ncclwatch computes from the iteration time and the arguments rank 0 printed is what
+    Megatron printed (to its rounding: 0.1 TFLOP/s, and 0.1 ms of iteration time)."""
+    printed = re.compile(r" throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+) \|")
+    p = ThroughputParser(job="j", host="h", timezone="UTC")
+    for line in _log("m1x2-clean-be", 0):
+        p.megatron.read(line)
+    assert p.megatron.complete and "mtp_num_layers" in p.megatron.args
+    pairs = []
+    for line in _log("m1x2-clean-be", 1):
+        m = printed.search(line)
+        if m:
+            r = p.parse(printed.sub(" |", line), 0)
+            pairs.append((float(m.group(1)), r.tflops_per_gpu))
+    assert len(pairs) > 50 and p.computed == len(pairs)
+    assert all(abs(ours - theirs) <= 0.05 + 0.002 * theirs for theirs, ours in pairs), pairs[:5]
