@@ -11,9 +11,10 @@ throughput is its log's (``trainlogs/rank-<r>.log``; ``run.json``'s ``throughput
      "fault_duration_s": 12, "injector": "tc:rate=8gbit,dev=lo"}
 
 ``injector``: ``tc:rate=R,dev=D`` (a ``tbf`` on the device NCCL's sockets use), or
-``stop:rank=R,seconds=S`` (its process stopped once, ``SIGSTOP``/``SIGCONT``); none for a
-clean run. ``megatron_args`` adds to the model's arguments, ``drop_args`` takes flags
-away (``--log-throughput``: the log then has no TFLOP/s, as Megatron's default).
+``stop:rank=R,seconds=S`` (its process stopped once, ``SIGSTOP``/``SIGCONT``), either
+switched on and off (``pulse:on=S,off=S+tc:...``); none for a clean run.
+``megatron_args`` adds to the model's arguments, ``drop_args`` takes flags away
+(``--log-throughput``: the log then has no TFLOP/s, as Megatron's default).
 ``profiler``: ``ncclwatch`` (default) or ``inspector`` (NCCL Inspector in JSON mode,
 ``--inspector-plugin``). Times count from the job's 10th iteration. ::
 
@@ -82,6 +83,11 @@ def steps_of(trainlog: Path) -> list[dict]:
 
 
 def injector_of(spec: str, tc: list[str], pids: dict[int, int]):
+    if spec.startswith("pulse:"):  # pulse:on=S,off=S+<injector>
+        head, _, inner = spec.partition("+")
+        kv = dict(p.split("=", 1) for p in head.removeprefix("pulse:").split(","))
+        inj, rank = injector_of(inner, tc, pids)
+        return faults.Pulsed(inj, float(kv["on"]), float(kv["off"])), rank
     kind, _, rest = spec.partition(":")
     kv = dict(p.split("=", 1) for p in rest.split(",") if p)
     if kind == "tc":

@@ -466,14 +466,16 @@ def recorded_runs_through_worker(kafka_bootstrap: str, tmp: Path, archives: list
         records += read_recording(srcs, ReadStats(), options)
         args = ["--state-dir", str(tmp / "state" / name), "--node-id", "gpu-box",
                 "--no-delete-acked", "--compression", "gzip", "--metrics-port", "-1"]
-        if options.training_logs:  # Inspector user
+        if srcs[0].name == "spool":  # the plugin's (and the job's throughput, if it wrote any)
+            args += ["--spool", str(srcs[0])]
+        else:  # an Inspector user
             empty = tmp / "empty" / name
             empty.mkdir(parents=True)
-            args += ["--spool", str(empty), "--inspector-dir", str(srcs[0]), "--job", options.job]
+            args += ["--spool", str(empty), "--inspector-dir", str(srcs[0])]
+        if options.training_logs:  # the throughput the job logged (Inspector's, Megatron's own runs)
+            args += ["--job", options.job]
             for log in options.training_logs:
                 args += ["--training-log", log]
-        else:
-            args += ["--spool", str(srcs[0])]
         fwd = subprocess.run([sys.executable, "-m", "ncclwatch.cli", "forward", "--once", *args],
                              env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
         assert fwd.returncode == 0, (name, fwd.stderr[-3000:])
