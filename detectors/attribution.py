@@ -11,8 +11,10 @@ trouble is, with this precedence:
    are degraded while the job's NVLink keys hold. A job without NVLink keys has no such
    reference; there several network keys degrading together still point at the path,
    while a single network key degrading alone among healthy ones does not (healthy
-   ones that move bytes: a key of latency-bound messages, ``rules.bandwidth_bound``,
-   holds through any loss of bandwidth, so it counts for nothing either way);
+   ones that move bytes at the link's pace: a key of latency-bound messages,
+   ``rules.bandwidth_bound``, or one far faster than the link carries, a Broadcast
+   root's, holds through any loss of bandwidth, so it counts for nothing;
+   :func:`measures_link`);
 4. **collective_degraded** (attribution ``unknown``): anything else.
 
 The inputs are the job stage's views of its keys (:class:`~.keys.KeyView`) and what the
@@ -119,8 +121,9 @@ def attribute(
                 nv_degraded.append(k)
             else:
                 nv_holding += 1
-        elif k.transport in NETWORK_TRANSPORTS and (bad or bandwidth_bound(k.size_bucket)):
-            # a latency-bound key holding (a few bytes' all-reduce) says nothing of the path
+        elif k.transport in NETWORK_TRANSPORTS and (bad or measures_link(k, key.baseline)):
+            # a key holding that does not move bytes at the link's pace (a few bytes'
+            # all-reduce, a broadcast's root) says nothing of the path
             net_total += 1
             net_degraded += bad
     counts = {
@@ -140,6 +143,28 @@ def attribute(
     return Verdict(
         "collective_degraded", "unknown", scope=key_scope(key), host=key.host, evidence=counts
     )
+
+
+# A holding network key whose usual bus bandwidth is this many times the degraded one's
+# is not moving its bytes at the link's pace (a Broadcast root's kernel is done once its
+# data is in the transport's buffers): it says nothing of the link either.
+LINK_PACE_RATIO = 8.0
+
+
+def measures_link(k: KeyView, ref_baseline: float | None) -> bool:
+    """Whether network key ``k`` holding says the link kept its bandwidth, next to a
+    degraded key whose baseline is ``ref_baseline``: it moves bytes
+    (``rules.bandwidth_bound``) at about the link's pace.
+
+    >>> from types import SimpleNamespace as K
+    >>> measures_link(K(size_bucket="8MiB", baseline=2.1), 2.0), measures_link(K(size_bucket="8B", baseline=0.0), 2.0)
+    (True, False)
+    >>> measures_link(K(size_bucket="4MiB", baseline=44.0), 2.0)   # a Broadcast's root
+    False
+    """
+    if not bandwidth_bound(k.size_bucket):
+        return False
+    return ref_baseline is None or k.baseline is None or k.baseline <= LINK_PACE_RATIO * ref_baseline
 
 
 def processes(k: KeyView) -> dict[int, tuple[str, str]]:

@@ -14,9 +14,9 @@ from typing import Any
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import AnomalyEvent
-from ncclwatch.rules import NETWORK_TRANSPORTS, bandwidth_bound
+from ncclwatch.rules import NETWORK_TRANSPORTS
 
-from .attribution import Verdict, degraded_now
+from .attribution import Verdict, degraded_now, measures_link
 from .causes import LINK_TYPES, echoed_links, hosts_of, link_trouble, name_late_process, slow_gpu_echo, slowed_alike
 from .incidents import MAX_LISTED_KEYS, Incident, incident_id
 from .job import JobState
@@ -24,6 +24,12 @@ from .keys import KeyView
 
 DEFAULT_WINDOW_NS = 10**9  # throughput windows of a job that has sent no window summary yet
 COMM_TYPES = frozenset({"collective_degraded", "network_path", "intra_node", "straggler"})
+
+
+# Slowing alike (a lower clock, compute contending with NCCL on every GPU) costs NCCL's
+# bandwidth what it costs the job's speed; a link's own fault costs its keys more than
+# the job, and most more where the job waits on them least.
+SLOWER_THAN_ALIKE = 1.4
 
 
 class IncidentBook:
@@ -169,7 +175,12 @@ class IncidentBook:
         if inc.type not in LINK_TYPES:
             return False
         loss = self.job_loss(job, inc)
-        return loss is not None and slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise)
+        if loss is None or inc.effect > SLOWER_THAN_ALIKE * -loss[0]:
+            # Its keys lost far more bandwidth than the job lost speed: whatever their
+            # share of a window says (a job of one or two syncs a second measures it in
+            # whole operations), that is not everything slowing alike.
+            return False
+        return slowed_alike(job, inc.type == "network_path", -loss[0], self.cfg.link_share_rise)
 
     def reattribute(self, job: JobState, inc: Incident) -> bool:
         """Name the transport class that degraded now, whichever key fired first.
@@ -226,6 +237,8 @@ class IncidentBook:
         # Keys that were degraded well before this incident began are another story.
         since = inc.start_ns - self.early_span_ns(job)
         nv_bad = nv_ok = net_bad = net_ok = 0
+        # the pace of the link the incident's keys cross: what a holding key is held to
+        ref = max((k.baseline for k in job.keys.values() if k.incident == inc.id and k.baseline), default=None)
         for k in job.keys.values():
             if not k.warm or now - k.last_end_ns > recent:
                 continue
@@ -240,7 +253,7 @@ class IncidentBook:
                 nv_ok += not bad
             elif k.transport in NETWORK_TRANSPORTS:
                 net_bad += bad
-                net_ok += not bad and bandwidth_bound(k.size_bucket)
+                net_ok += not bad and measures_link(k, ref)
         return nv_bad, nv_ok, net_bad, net_ok
 
     def _retype(self, job: JobState, inc: Incident, want: str) -> bool:

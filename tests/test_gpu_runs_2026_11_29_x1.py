@@ -49,7 +49,9 @@ def test_the_second_batch_as_it_is_now(rows):
         assert (r["got"], r["severity"], r["false_alerts"]) == ("network_path", "critical", []), table
         assert 5.0 < r["delay_s"] <= 6.0, table
     r = rows["p1x2-sync-freeze-r0-0.5-p2"]
-    assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("-", ["collective_degraded"]), table
+    # a `collective_degraded` 12.9 s in until `SLOWER_THAN_ALIKE` (2026-11-29, Megatron-LM's
+    # runs): its keys lost more than 1.4 times the job's speed, so not "slowed alike"
+    assert (r["got"], [a.split("@")[0] for a in r["false_alerts"]]) == ("-", ["network_path"]), table
     r = rows["i1x2-sync-freeze-r1-0.3"]
     assert [a.split("@")[0] for a in r["false_alerts"]] == ["throughput_drop", "straggler"], table
 

@@ -627,12 +627,14 @@ def gpu_runs_2026_11_29_megatron_section() -> str:
     split = json.loads((GPU_RUNS / "2026-11-29-megatron" / "split.json").read_text())
     out = ["## Recorded GPU runs of 2026-11-29: Megatron-LM itself\n", GPU_RUNS_11_29_MEGATRON]
     for title, part in (("First batch (plan `be`): it shaped `rules.bandwidth_bound`", "tune"),
-                        ("Second batch (plan `bf`), held out for it, judged once", "heldout")):
+                        ("Second batch (plan `bf`), held out for it, judged once", "heldout"),
+                        ("Third batch (plan `bg`: tensor-parallel, the distributed optimizer, pulses), "
+                         "held out, then shaping two changes", "heldout_2")):
         out += [f"### {title}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[part])]), ""]
     return "\n".join(out)
 
 
-GPU_RUNS_11_29_MEGATRON = """9 real runs of Megatron-LM's `pretrain_gpt.py` (core_v0.19.0, a GPT of 8 layers on mock
+GPU_RUNS_11_29_MEGATRON = """14 real runs of Megatron-LM's `pretrain_gpt.py` (core_v0.19.0, a GPT of 8 layers on mock
 data, data-parallel over two pretend nodes sharing one H200; the throughput is Megatron's
 own log; `tests/fixtures/gpu_runs/2026-11-29-megatron`, README there; recorded with
 `bench/scenarios/megatron_suite.sh`). The first batch raised its throttles as
@@ -641,7 +643,15 @@ grad-norm keys held, and those were taken as network keys that hold. Since then 
 keys of 1 MiB and more count as holding (`rules.bandwidth_bound`); no earlier run
 changed. The second batch, held out for that change (throttles through both profilers
 and with Megatron's log without its TFLOP/s figure, a stopped rank, a clean run through
-Inspector): **5 of 5** (the code before: 3 of 5).
+Inspector): **5 of 5** (the code before: 3 of 5). The third (tensor-parallel over the two
+ranks through both profilers, the distributed optimizer, 2-s throttle pulses, clean),
+held out and judged once by `73f6d19`: **1 of 5** (tensor-parallel throttles raised as
+`collective_degraded`, a Broadcast root's 44 GB/s taken for a network key that holds;
+the distributed optimizer's drop raised beside its `network_path`, its class taken for
+having slowed alike with the job; the pulses 6.1 s in). Since `attribution.measures_link`
+(a holding key must move bytes at about the link's pace) and `SLOWER_THAN_ALIKE` (keys
+that lost 1.4 times the job's loss did not slow alike): 4 of 5, the pulses still late;
+no earlier run changed.
 """
 
 
