@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import tarfile
 
+import pytest
 from gpu_runs_support import eval_gpu_runs, recorded_set
 from ncclwatch.ingest.trainlog import ThroughputParser
 
@@ -55,3 +56,21 @@ def test_the_tflops_computed_from_megatrons_arguments_are_the_ones_it_prints():
             pairs.append((float(m.group(1)), r.tflops_per_gpu))
     assert len(pairs) > 50 and p.computed == len(pairs)
     assert all(abs(ours - theirs) <= 0.05 + 0.002 * theirs for theirs, ours in pairs), pairs[:5]
+
+
+@pytest.mark.kafka
+def test_the_cluster_path_reads_the_spool_and_megatrons_log_as_local_mode_does(kafka_bootstrap, tmp_path):
+    """Through `ncclwatch forward --once --spool ... --training-log ...` (the plugin's ops,
+    the job's throughput from its own log) and `ncclwatch worker`: event for event what
+    local mode raises, the tensor-parallel throttle, the distributed optimizer's and the
+    stopped rank alike."""
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
+
+    names = ["m1x2-tp2-tc-16g-bg", "m1x2-do-tc-16g-bg", "m1x2-stop-r0-6s-bf"]
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in names],
+                                       eval_gpu_runs.sources)
+    worker, local = worker_and_local(got)
+    assert worker == local, (worker, local, got["log"][-3000:])
+    fired = {(e["job"], e["type"]) for e in got["events"] if e["state"] == "firing"}
+    assert fired == {("gpu-m1x2-tp2-tc-16g-bg", "network_path"), ("gpu-m1x2-do-tc-16g-bg", "network_path"),
+                     ("gpu-m1x2-stop-r0-6s-bf", "straggler")}, fired
