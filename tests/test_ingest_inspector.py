@@ -156,3 +156,15 @@ def test_allgatherv_bandwidth_as_inspector_counts_it():
             "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 80.0, "coll_busbw_gbs": 70.0}
     op = op_from_inspector(_line(perf), job="j")
     assert (op.algbw_gbs, op.busbw_gbs) == (80.0, 70.0)
+
+
+def test_an_op_inspector_cannot_name_is_counted_not_measured():
+    """Inspector writes "Invalid" for an op it has no name for; a key of those would mix
+    AlltoAll, Gather and Scatter in one baseline."""
+    from ncclwatch.ingest.inspector import NotAnOp
+
+    perf = {"coll": "Invalid", "coll_sn": 1, "coll_msg_size_bytes": 1 << 20, "coll_exec_time_us": 100,
+            "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": 1.0, "coll_busbw_gbs": 1.0}
+    with pytest.raises(NotAnOp) as e:
+        op_from_inspector(_line(perf), job="j")
+    assert e.value.what == "invalid_op"
