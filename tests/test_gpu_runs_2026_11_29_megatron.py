@@ -13,19 +13,31 @@ from ncclwatch.ingest.trainlog import ThroughputParser
 FIXTURES, SPLIT, rows, test_the_split_is_the_directory = recorded_set("2026-11-29-megatron")
 
 
-def test_every_run_but_the_pulses_is_right(rows):
+def test_the_fourth_batch_as_first_judged(rows):
+    """Plan `bh`, held out for `measures_link` and `SLOWER_THAN_ALIKE`, judged once: 3 of
+    4. The distributed optimizer's throttles are the path, through both profilers; the
+    miss is a tensor-parallel throttle that cost the job 15 % and its keys ~8 %, under
+    the detector's threshold: the job's own drop."""
+    table = eval_gpu_runs.markdown([rows[n] for n in sorted(SPLIT["heldout_3"])])
+    assert {n for n in SPLIT["heldout_3"] if not rows[n]["ok"]} == {"m1x2-tp2-tc-24g-bh"}, table
+    assert [a.split("@")[0] for a in rows["m1x2-tp2-tc-24g-bh"]["false_alerts"]] == ["throughput_drop"], table
+
+
+def test_every_run_but_two_is_right(rows):
     """The throttles are the path, the stopped processes named, the clean runs quiet:
     data-parallel (one gradient bucket, or the distributed optimizer's ReduceScatter and
     AllGather) and tensor-parallel, through the plugin and through NCCL Inspector, with
     and without the TFLOP/s figure in Megatron's log. The 2-s throttle pulses are found
-    on their second drop-out, past the 5-s bound (as on every layout before)."""
+    on their second drop-out, past the 5-s bound (as on every layout before); the other
+    miss is the fourth batch's (below)."""
     table = eval_gpu_runs.markdown([rows[n] for n in sorted(rows)])
-    assert {n for n, r in rows.items() if not r["ok"]} == {"m1x2-pulse-2-2-tc-8g-bg"}, table
+    assert {n for n, r in rows.items() if not r["ok"]} == {"m1x2-pulse-2-2-tc-8g-bg", "m1x2-tp2-tc-24g-bh"}, table
     pulses = rows["m1x2-pulse-2-2-tc-8g-bg"]
     assert (pulses["got"], pulses["false_alerts"]) == ("network_path", []) and 5.0 < pulses["delay_s"] <= 7.0, table
     assert (rows["m1x2-tp2-clean-bg"]["got"], rows["m1x2-tp2-clean-bg"]["false_alerts"]) == ("-", []), table
     for name in ("m1x2-tc-24g-be", "m1x2-tc-16g-bf", "m1x2-nolt-tc-12g-bf", "i1x2-tc-16g-bf",
-                 "m1x2-tp2-tc-16g-bg", "i1x2-tp2-tc-16g-bg", "m1x2-do-tc-16g-bg"):
+                 "m1x2-tp2-tc-16g-bg", "i1x2-tp2-tc-16g-bg", "m1x2-do-tc-16g-bg", "m1x2-do-tc-8g-bh",
+                 "i1x2-do-tc-16g-bh"):
         assert (rows[name]["got"], rows[name]["severity"]) == ("network_path", "critical"), table
         assert rows[name]["delay_s"] <= 4.0, table
     assert rows["m1x2-stop-r0-6s-bf"]["got"] == "straggler rank 0", table
