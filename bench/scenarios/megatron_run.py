@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import faults  # noqa: E402
+from record import inspector_env  # noqa: E402
 
 PLUGIN = REPO / "plugin" / "build" / "libncclwatch-profiler.so"
 # A GPT small enough for one shared GPU, large enough that its gradient all-reduce over
@@ -109,11 +110,8 @@ def run_one(spec: dict, args: argparse.Namespace) -> Path:
            "NCCLWATCH_JOB_ID": job, "MLM_DIR": args.megatron, "MLM_RUN_DIR": str(d),
            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}
     profiler = spec.get("profiler", "ncclwatch")
-    if profiler == "inspector":  # as record.py runs it: JSON mode, every size, P2P
-        env.update({"NCCL_PROFILER_PLUGIN": args.inspector_plugin, "NCCL_INSPECTOR_ENABLE": "1",
-                    "NCCL_INSPECTOR_DUMP_DIR": str(d / "inspector"),
-                    "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500",
-                    "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES": "0", "NCCL_INSPECTOR_ENABLE_P2P": "1"})
+    if profiler == "inspector":  # as record.py runs it
+        env.update({"NCCL_PROFILER_PLUGIN": args.inspector_plugin, **inspector_env(d / "inspector")})
     model = [a for a in MODEL if a not in spec.get("drop_args", ())]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(HERE / "megatron_rank.py"), *model, *spec.get("megatron_args", [])]

@@ -87,16 +87,20 @@ def job_env(run_dir: Path, job_id: str, shim: Path, plugin: Path | None,
     if plugin is not None:
         env["NCCL_PROFILER_PLUGIN"] = str(plugin)
     if profiler == "inspector":
-        # NCCL Inspector in JSON mode as its README recommends for fine-grained output:
-        # dumps every 500 µs, every message size, P2P tracked, one file per process.
-        env.update({
-            "NCCL_INSPECTOR_ENABLE": "1",
-            "NCCL_INSPECTOR_DUMP_DIR": str(run_dir / "inspector"),
-            "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500",
-            "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES": "0",
-            "NCCL_INSPECTOR_ENABLE_P2P": "1",
-        })
+        env.update(inspector_env(run_dir / "inspector"))
     return env
+
+
+def inspector_env(dump_dir: Path) -> dict[str, str]:
+    """NCCL Inspector in JSON mode as its README recommends for fine-grained output:
+    dumps every 500 µs, every message size, P2P tracked, one file per process."""
+    return {
+        "NCCL_INSPECTOR_ENABLE": "1",
+        "NCCL_INSPECTOR_DUMP_DIR": str(dump_dir),
+        "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500",
+        "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES": "0",
+        "NCCL_INSPECTOR_ENABLE_P2P": "1",
+    }
 
 
 class Run:
