@@ -54,7 +54,7 @@ from typing import Any
 
 from ncclwatch.detectors import faust_transport
 from ncclwatch.detectors.keys import encode_mark, encode_verdict
-from ncclwatch.detectors.messages import STAGE_KINDS, TELEMETRY_KINDS, Message
+from ncclwatch.detectors.messages import JOB_KINDS, STAGE_KINDS, TELEMETRY_KINDS, Message
 from ncclwatch.detectors.saved import PART_BYTES, StateCodec, state_of
 from ncclwatch.detectors.stream import (
     BatchOutcome,
@@ -68,7 +68,7 @@ from ncclwatch.detectors.stream import (
 
 from ncclwatch import progress, routing
 from ncclwatch.config import Config, KafkaConfig
-from ncclwatch.records import ThroughputRecord, WindowSummary, to_json
+from ncclwatch.records import WindowSummary, to_json
 
 log = logging.getLogger(__name__)
 
@@ -579,7 +579,7 @@ class Worker:
         self.kinds = {
             names["windows"]: (WindowSummary,),
             names["verdicts"]: STAGE_KINDS,
-            names["throughput"]: (ThroughputRecord,),
+            names["throughput"]: JOB_KINDS,
             names["telemetry"]: TELEMETRY_KINDS,
         }
         self._read_upto: dict[Any, int] = {}  # detect input partition -> next offset to read

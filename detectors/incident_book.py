@@ -49,6 +49,12 @@ class IncidentBook:
         """How long after its start an incident must show its cost to be raised."""
         return self.cfg.sustain_windows * (job.window_ns or DEFAULT_WINDOW_NS)
 
+    def paused(self, job: JobState, since_ns: int, now_ns: int | None = None) -> bool:
+        """Trouble that began at ``since_ns`` is the job's checkpoint save or its
+        aftermath as of ``now_ns`` (default: the job's stream time) (:class:`~.pauses.Pauses`,
+        grace: the early span): held, not raised."""
+        return job.pauses.excuses(since_ns, job.watermark if now_ns is None else now_ns, self.early_span_ns(job))
+
     def find_live(self, job: JobState, type_: str, scope: str | None) -> Incident | None:
         """An open incident a newly fired key can join: raised, or still young.
 
@@ -98,6 +104,8 @@ class IncidentBook:
         the incident's keys stay out of their baselines, so a slow start is not learned.
         """
         cfg = self.cfg
+        if self.paused(job, inc.start_ns):
+            return  # a rank writing a checkpoint, the others waiting for it
         loss = self.job_loss(job, inc)
         measured = loss is not None
         if loss is not None:

@@ -8,6 +8,7 @@ from ncclwatch.config import DetectorConfig
 
 from .incidents import Incident, KeyTuple
 from .keys import KeyState, KeyView
+from .pauses import Pauses
 from .stalls import StallTracker
 from .telemetry import TelemetryTracker
 from .throughput import ThroughputTracker
@@ -17,6 +18,7 @@ class JobState:
     __slots__ = (
         "job", "watermark", "next_tick_ns", "window_ns", "lateness_ns", "silent", "stage", "keys",
         "pending_keys", "telemetry", "throughput", "incidents", "tp_suppressed", "resolved", "stalls",
+        "pauses",
     )
 
     def __init__(self, job: str, cfg: DetectorConfig):
@@ -37,6 +39,7 @@ class JobState:
         # firing again reopens.
         self.resolved: dict[tuple[str, str], Incident] = {}
         self.stalls = StallTracker()  # the plugin's progress records
+        self.pauses = Pauses()  # its checkpoint saves, from its training log
 
     @property
     def recent_ns(self) -> int:

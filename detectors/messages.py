@@ -13,6 +13,7 @@ from ncclwatch.ingest.parse import parse
 
 from ncclwatch.records import (
     DropRecord,
+    PauseRecord,
     PluginStats,
     ProgressRecord,
     Quarantined,
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 # Which record kinds each input may carry; anything else breaks the contract of the topic.
-DETECTOR_KINDS = (WindowSummary, ThroughputRecord, DropRecord, PluginStats, ProgressRecord)
+DETECTOR_KINDS = (WindowSummary, ThroughputRecord, PauseRecord, DropRecord, PluginStats, ProgressRecord)
+JOB_KINDS = (ThroughputRecord, PauseRecord)  # the job topic: its steps and its pauses
 TELEMETRY_KINDS = (DropRecord, PluginStats, ProgressRecord)
 STAGE_KINDS = (KeyVerdict, VerdictMark)  # the verdicts topic, between the two stages
 

@@ -46,6 +46,7 @@ from ncclwatch.records import (
     AnomalyEvent,
     DropRecord,
     OpRecord,
+    PauseRecord,
     PluginStats,
     ProgressRecord,
     ThroughputRecord,
@@ -59,6 +60,7 @@ from .incidents import MAX_LISTED_KEYS, SEVERITY_RANK, Incident
 from .job import JobState
 from .keys import FireEvidence, KeyParams, KeyState, KeyVerdict, KeyView, SpreadEvidence, due, place
 from .model import BusbwModel
+from .pauses import Pauses
 from .stall_incidents import StallIncidents, is_stall
 from .stalls import StallTracker
 from .sustained import FIRE, RESOLVE
@@ -137,6 +139,7 @@ class Pipeline:
         self._handlers = {
             WindowSummary.KIND: self._window,
             ThroughputRecord.KIND: self._throughput,
+            PauseRecord.KIND: self._pause,
             DropRecord.KIND: self._drop,
             PluginStats.KIND: self._plugin_stats,
             ProgressRecord.KIND: self._progress,
@@ -482,6 +485,8 @@ class Pipeline:
             if p["drops"] is not None and not (p["silent_host"] or p["silent_ranks"]):
                 tel.resumed.pop(host, None)
             detected = max(job.watermark, p["since_ns"])
+            if inc is None and self.book.paused(job, p["since_ns"]):
+                continue  # its ranks wait for a checkpoint's writer: nothing completes
             if inc is None:
                 v = Verdict(
                     "telemetry_loss", "telemetry", scope=host, host=host,
@@ -533,6 +538,7 @@ class Pipeline:
             self.last_end_ns = rec.ts_ns
         if job.silent and rec.ts_ns > job.watermark:
             job.silent = False
+        job.pauses.stepped(rec.ts_ns)
         tp = job.throughput
         steps = tp.add(rec)
         if steps:
@@ -542,6 +548,12 @@ class Pipeline:
             w = job.window_ns or DEFAULT_WINDOW_NS
             for end, value, filled in tp.windows(steps, w):
                 self.drops.step(job, end - w, end, value, out, filled)
+
+    def _pause(self, rec: PauseRecord, out: list) -> None:
+        job = self._job_named(rec.job)
+        if rec.ts_ns > self.last_end_ns:
+            self.last_end_ns = rec.ts_ns
+        job.pauses.see(rec)
 
     # --- telemetry records ----------------------------------------------------------
 
@@ -611,6 +623,7 @@ def _job_state(job: JobState) -> dict[str, Any]:
         "tp_suppressed": job.tp_suppressed,
         "resolved": [inc.to_state() for inc in job.resolved.values()],
         "stalls": job.stalls.to_state(),
+        "pauses": job.pauses.to_state(),
     }
 
 
@@ -649,6 +662,8 @@ def _job_from_state(name: str, st: dict[str, Any], cfg: DetectorConfig, p: KeyPa
         job.resolved[(inc.type, inc.scope)] = inc
     if "stalls" in st:  # absent before 2026-11-29
         job.stalls = StallTracker.from_state(st["stalls"])
+    if "pauses" in st:  # absent before 2026-12-07
+        job.pauses = Pauses.from_state(st["pauses"])
     return job
 
 

@@ -115,6 +115,10 @@ class StallIncidents:
                 self._refresh(inc, st)
             elif tracker.was_raised(st.comm, st.since_ns):
                 continue
+            elif self.book.paused(job, st.since_ns, st.now_ns):
+                # A checkpoint save: raised only if the ranks' records show the wait
+                # outlasting it (not the job's windows passing a wait that ended with it).
+                continue
             elif st.holders and len(st.holders) <= max(1, st.nranks // 2):
                 tracker.note_raised(st.comm, st.since_ns)
                 self._raise(job, st, out)

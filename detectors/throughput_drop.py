@@ -110,7 +110,8 @@ class ThroughputDrops:
         elif transition == RESOLVE:
             if (job.tp_suppressed and tinc is None and cfg.throughput_hold_windows
                     and tp.stalled >= cfg.sustain_windows and not tp.carried
-                    and not self.comm_incident(job)):
+                    and not self.comm_incident(job)
+                    and not self.book.paused(job, tp.rule.start_ns if tp.rule.start_ns is not None else start)):
                 # The job completed no step for seconds (a rank stopped: every key drops
                 # out with it, which held the drop), no comm anomaly was raised, and it was
                 # over before the hold ran out. The loss still happened: said now, as the
@@ -178,8 +179,8 @@ class ThroughputDrops:
                 if now - ks.last_end_ns <= self._timeout_ns
             )
         )
-        if not ready:
-            return
+        if not ready or self.book.paused(job, tp.pending_fire):
+            return  # a drop a checkpoint save began is raised only if it outlasts it
         held = tp.held
         # Held long enough: only a comm anomaly actually raised holds it back now.
         forced = 0 < self.cfg.throughput_hold_windows <= held

@@ -153,7 +153,7 @@ class Watch:
         self._merge = TimeMerge()
         self._streams: set[tuple] = set()
         self.stream_ns = 0
-        self.counts = dict.fromkeys(("op", "window", "throughput", "drop", "plugin_stats", "progress"), 0)
+        self.counts = dict.fromkeys(("op", "window", "throughput", "pause", "drop", "plugin_stats", "progress"), 0)
         self.quarantined = 0
         self.windows_made = 0  # by our windower, from op records
         self.firing: dict[str, AnomalyEvent] = {}
@@ -180,9 +180,10 @@ class Watch:
         if kind not in counts:
             return  # anomaly records in a recording are output, not input
         counts[kind] += 1
-        if kind == "progress":
-            # What the ranks are waiting in now: it must not wait in the merge behind the
-            # windows of a stopped process (those are what it is about).
+        if kind in ("progress", "pause"):
+            # What the ranks are waiting in now (or that the job paused on purpose): it
+            # must not wait in the merge behind the windows of a stopped process (those
+            # are what it is about).
             self.emit(self.detectors.process(to_record(record)))
             return
         merge = self._merge

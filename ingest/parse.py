@@ -30,7 +30,7 @@ from ncclwatch import records
 from ncclwatch.records import Quarantined
 
 # The kinds the spool carries, plus those a file replayed into the forwarder may hold.
-FAST_KINDS = ("op", "drop", "plugin_stats", "progress", "throughput", "window")
+FAST_KINDS = ("op", "drop", "plugin_stats", "progress", "throughput", "pause", "window")
 # Below 2^53 every integer is exactly a float: an integer literal in a float field then
 # decodes to the same number the contract parser keeps; larger ones go to that parser.
 _FLOAT_EXACT = float(1 << 53)

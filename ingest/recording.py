@@ -68,6 +68,7 @@ from ncclwatch.ingest.trainlog import (
 )
 
 from ncclwatch.records import (
+    PauseRecord,
     Quarantined,
     ThroughputRecord,
     to_json,
@@ -95,7 +96,8 @@ INSPECTOR_LATENESS_S = 10.0
 # "now"; the window first means a throughput drop is judged knowing the NCCL anomaly that
 # the same window may have just confirmed. Every driver orders ties this way.
 MARK_TIME_NS = 1 << 62  # after every record: see record_time_ns
-KIND_ORDER = {"op": 0, "window": 0, "drop": 1, "plugin_stats": 1, "progress": 1, "throughput": 2, "anomaly": 3}
+KIND_ORDER = {"op": 0, "window": 0, "pause": 0, "drop": 1, "plugin_stats": 1, "progress": 1, "throughput": 2,
+              "anomaly": 3}
 
 
 def record_time_ns(record: Any) -> int:
@@ -421,8 +423,9 @@ _ARGUMENT_LINES = 100_000
 def read_training_logs(
     paths: Iterable[Path], *, job: str, options: Options, stats: ReadStats, host: str = "",
     ops_span: tuple[int, int] | None = None,
-) -> list[ThroughputRecord]:
-    """One job throughput series from per-rank logs (:class:`RankMerge`, read whole).
+) -> list[ThroughputRecord | PauseRecord]:
+    """One job throughput series from per-rank logs (:class:`RankMerge`, read whole),
+    with the job's pauses (checkpoint saves) among its steps.
 
     With ``ops_span`` (the first and last time of the recording's ops) and the default
     zone (``local``: the reader's, a guess when replaying), naive timestamps that land

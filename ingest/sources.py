@@ -125,9 +125,9 @@ class Intake:
             out.append((wt, key, value))
 
     def emit_throughput(self, records: list, out: list) -> None:
-        topic = topic_for(self.topics, "throughput")
+        """The job's steps and pauses (one topic: :func:`~ncclwatch.routing.topic_for`)."""
         for rec in records:
-            out.append((topic, key_for(rec), to_json(rec).encode()))
+            out.append((topic_for(self.topics, rec.KIND), key_for(rec), to_json(rec).encode()))
 
     def window_op(self, wname: str, rec: Any, src: str, off: int, starts: dict[int, int],
                   out: list) -> None:

@@ -27,6 +27,11 @@ from the ops of the same steps, and nothing correlates.
 
 Several ranks' logs are one job series (:class:`RankMerge`).
 
+Megatron's checkpoint saves (``saving checkpoint at iteration N``, ``successfully saved
+checkpoint from iteration N``) become ``pause`` records, ``begin`` and ``end``: while a
+rank writes, the others wait for it in NCCL, which is not NCCL's trouble
+(``detectors/pauses.py``).
+
 >>> p = ThroughputParser(job="j", host="h", timezone="UTC")
 >>> r = p.parse("[2026-11-22 03:25:28.104489] iteration 2/ 10 | "
 ...             "throughput per GPU (TFLOP/s/GPU): 45.7 |", 7)
@@ -52,12 +57,15 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ncclwatch.config import IngestConfig
-from ncclwatch.records import ThroughputRecord
+from ncclwatch.records import PauseRecord, ThroughputRecord
 
 DEFAULT_REGEX = IngestConfig.throughput_regex
 _STEP = re.compile(r"\biteration\s+(\d+)")
 _ELAPSED_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
+# Megatron-LM's checkpoint saves (rank 0 prints both; timestamped since core_v0.16).
+_SAVING = re.compile(r"\bsaving checkpoint at iteration\s+(\d+)")
+_SAVED = re.compile(r"\bsuccessfully saved checkpoint from iteration\s+(\d+)")
 # Megatron's (and NeMo's) iteration line, with a figure the default pattern reads
 _ITERATION_LINE = re.compile(
     rb"\biteration\s+\d+\s*/\s*\d+\s*\|.*(?:throughput per GPU|elapsed time per iteration|TFLOPS_per_GPU)")
@@ -371,8 +379,22 @@ class ThroughputParser:
         self.clock = self._clock  # its counts of naive and zoned timestamps
         self.computed = 0  # records whose TFLOP/s were computed from the iteration time
 
-    def parse(self, line: str, read_ns: int) -> ThroughputRecord | None:
-        """The line's record, stamped with its own time, else ``read_ns``; None if none."""
+    def parse(self, line: str, read_ns: int) -> ThroughputRecord | PauseRecord | None:
+        """The line's record, stamped with its own time, else ``read_ns``; None if none.
+
+        >>> p = ThroughputParser(job="j", host="h", timezone="UTC")
+        >>> r = p.parse("[2026-12-07 11:00:05.5] saving checkpoint at iteration      40 to /ck "
+        ...             "in torch format", 0)
+        >>> r.KIND, r.state, r.step, r.ts_ns % 10**10
+        ('pause', 'begin', 40, 5500000000)
+        >>> p.parse("  [2026-12-07 11:00:13.0] successfully saved checkpoint from iteration      40 "
+        ...         "to /ck [ t 1/1, p 1/1 ]", 0).state
+        'end'
+        """
+        if self.megatron is not None and "checkpoint" in line:
+            pause = self._pause(line, read_ns)
+            if pause is not None:
+                return pause
         m = self._pattern.search(line)
         groups: dict[str, str | None] = {}
         if m is not None:
@@ -420,6 +442,21 @@ class ThroughputParser:
             tokens_per_s=tokens,
             source="log",
         )
+
+    def _pause(self, line: str, read_ns: int) -> PauseRecord | None:
+        m = _SAVING.search(line)
+        state = "begin"
+        if m is None:
+            m = _SAVED.search(line)
+            state = "end"
+            if m is None:
+                return None
+        ts_ns = self._clock.time_ns(line)
+        if ts_ns is None:  # Megatron before core_v0.16: live, the read time is close
+            ts_ns = read_ns
+            self.untimed += 1
+        return PauseRecord(job=self.job, host=self.host, rank=-1, ts_ns=ts_ns, state=state,
+                           reason="checkpoint", step=int(m.group(1)))
 
     def _from_iteration_time(self, line: str) -> float | None:
         """Megatron's iteration line without its TFLOP/s: computed from the iteration time
@@ -504,10 +541,15 @@ class RankMerge:
         self._order: deque[tuple[int, int]] = deque()
         self._sent: set[tuple[int, int]] = set()
         self._sent_order: deque[tuple[int, int]] = deque()
+        self._pauses: list[PauseRecord] = []
         self.late = 0
 
-    def add(self, source: str, record: ThroughputRecord) -> None:
-        """One rank's record (one line of its log)."""
+    def add(self, source: str, record: ThroughputRecord | PauseRecord) -> None:
+        """One rank's record (one line of its log). A pause goes out with the next
+        release whatever is held: it says what the job does now."""
+        if record.KIND == "pause":
+            self._pauses.append(record)
+            return
         self._sources.add(source)
         if record.ts_ns > self._newest_ns:
             self._newest_ns = record.ts_ns
@@ -533,7 +575,7 @@ class RankMerge:
         opened several logs says so before it read any of them)."""
         self._sources.add(source)
 
-    def release(self, until_ns: int | None = None) -> list[ThroughputRecord]:
+    def release(self, until_ns: int | None = None) -> list[ThroughputRecord | PauseRecord]:
         """The job records of the iterations complete now, in iteration order.
 
         ``until_ns``: every log was read up to this time, so an iteration reported more
@@ -542,12 +584,12 @@ class RankMerge:
         """
         return self._release(final=False, until_ns=until_ns)
 
-    def flush(self) -> list[ThroughputRecord]:
+    def flush(self) -> list[ThroughputRecord | PauseRecord]:
         """Every iteration still held, with the ranks that reported it."""
         return self._release(final=True)
 
-    def _release(self, final: bool, until_ns: int | None = None) -> list[ThroughputRecord]:
-        out = []
+    def _release(self, final: bool, until_ns: int | None = None) -> list[ThroughputRecord | PauseRecord]:
+        out: list[ThroughputRecord | PauseRecord] = []
         while self._order:
             key = self._order[0]
             group = self._pending[key]
@@ -564,6 +606,10 @@ class RankMerge:
             self._sent_order.append(key)
             if len(self._sent_order) > 4096:  # a late report is never this late
                 self._sent.discard(self._sent_order.popleft())
+        if self._pauses:
+            out += self._pauses
+            self._pauses = []
+            out.sort(key=lambda r: r.ts_ns)  # one series in time order
         return out
 
 
@@ -606,7 +652,7 @@ class RankLogs:
                 self.merge.expect(source)
         return parser
 
-    def add(self, raw: bytes, source: str, read_ns: int) -> ThroughputRecord | None:
+    def add(self, raw: bytes, source: str, read_ns: int) -> ThroughputRecord | PauseRecord | None:
         """One line of one log: its record (also in the merge), or None."""
         rec = self.parser(source).parse(raw.decode("utf-8", errors="replace"), read_ns)
         if rec is not None:

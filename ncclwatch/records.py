@@ -221,6 +221,31 @@ class ThroughputRecord:
     source: str = _f(enum=("api", "log", "fixture"))
 
 
+PAUSE_REASONS = ("checkpoint",)
+PAUSE_STATES = ("begin", "end")
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """The job stops training on purpose for a while (``begin``) or has stopped doing so
+    (``end``); read from its training log (Megatron-LM's checkpoint save lines).
+
+    While a rank writes a checkpoint the others wait for it in the save's collectives,
+    and no step completes: a stall and a throughput drop by every other sign, but not
+    NCCL's trouble. A step logged after a ``begin`` ends the pause as well (an ``end``
+    line may be missing: an asynchronous save, an older log format).
+    """
+
+    KIND: ClassVar[str] = "pause"
+    job: str
+    host: str
+    rank: int  # -1: the job (a log that speaks for it)
+    ts_ns: int = _time()  # when the pause began (``begin``) or ended (``end``)
+    state: str = _f(enum=PAUSE_STATES)
+    reason: str = _f(enum=PAUSE_REASONS)
+    step: int = _f(minimum=0)  # the iteration the job had completed
+
+
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
     """One key on one rank over a short window."""
@@ -293,11 +318,12 @@ class Quarantined:
     raw: str
 
 
-Record = OpRecord | DropRecord | PluginStats | ProgressRecord | ThroughputRecord | WindowSummary | AnomalyEvent
+Record = (OpRecord | DropRecord | PluginStats | ProgressRecord | ThroughputRecord | PauseRecord | WindowSummary
+          | AnomalyEvent)
 RECORD_TYPES: dict[str, type] = {
     cls.KIND: cls
-    for cls in (OpRecord, DropRecord, PluginStats, ProgressRecord, ThroughputRecord, WindowSummary, AnomalyEvent,
-                Quarantined)
+    for cls in (OpRecord, DropRecord, PluginStats, ProgressRecord, ThroughputRecord, PauseRecord, WindowSummary,
+                AnomalyEvent, Quarantined)
 }
 
 

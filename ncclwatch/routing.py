@@ -6,7 +6,7 @@ recording through them, and the worker's partitioning depends on them (docs/inge
 
 - ops on ``topics.ops``, keyed ``<job>|<comm>``: one communicator's ops stay in order in
   one partition (and pack into one message);
-- windows, throughput, drops, plugin stats and progress (``topics.telemetry``) and anomalies on
+- windows, throughput (and the job's pauses), drops, plugin stats and progress (``topics.telemetry``) and anomalies on
   their own topics, keyed by the job: everything the worker reads lands in the job's
   partition, with no re-keying hop (topic contract v2; v1 put drops and plugin stats on
   ``topics.ops``, keyed ``<job>|<host>``);
@@ -36,7 +36,7 @@ def topic_for(topics: TopicsConfig, kind: str) -> str:
     """The topic records of ``kind`` are published to (quarantined lines: the quarantine)."""
     if kind == "window":
         return topics.windows
-    if kind == "throughput":
+    if kind in ("throughput", "pause"):
         return topics.throughput
     if kind == "anomaly":
         return topics.anomalies

@@ -15,6 +15,9 @@ throughput is its log's (``trainlogs/rank-<r>.log``; ``run.json``'s ``throughput
 switched on and off (``pulse:on=S,off=S+tc:...``); none for a clean run.
 ``megatron_args`` adds to the model's arguments, ``drop_args`` takes flags away
 (``--log-throughput``: the log then has no TFLOP/s, as Megatron's default).
+``save``: checkpoint saves, ``{"interval": N, "format": "torch", "delay_s": S}`` (every N
+iterations into a folder removed after the run; rank 0's saves made S s longer, as on slow
+storage: ``megatron_rank.py``); the run is labelled by its fault only, a save is none.
 ``profiler``: ``ncclwatch`` (default) or ``inspector`` (NCCL Inspector in JSON mode,
 ``--inspector-plugin``). Times count from the job's 10th iteration. ::
 
@@ -30,6 +33,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +117,12 @@ def run_one(spec: dict, args: argparse.Namespace) -> Path:
     if profiler == "inspector":  # as record.py runs it
         env.update({"NCCL_PROFILER_PLUGIN": args.inspector_plugin, **inspector_env(d / "inspector")})
     model = [a for a in MODEL if a not in spec.get("drop_args", ())]
+    save = spec.get("save")
+    ckpt = Path(args.out) / "checkpoints" / name
+    if save:
+        model += ["--save", str(ckpt), "--save-interval", str(save["interval"]),
+                  "--ckpt-format", save.get("format", "torch_dist")]
+        env["MLM_SAVE_DELAY_S"] = str(save.get("delay_s", 0))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(HERE / "megatron_rank.py"), *model, *spec.get("megatron_args", [])]
     log(f"{name}: {shlex.join(cmd)}")
@@ -160,6 +170,7 @@ def run_one(spec: dict, args: argparse.Namespace) -> Path:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
+    shutil.rmtree(ckpt, ignore_errors=True)
     steps = steps_of(last)
     with open(d / "ctl" / "steps.jsonl", "w") as f:
         f.writelines(json.dumps(s) + "\n" for s in steps)
@@ -169,7 +180,7 @@ def run_one(spec: dict, args: argparse.Namespace) -> Path:
         "command": shlex.join(cmd), "host": platform.node(), "launched_ns": launched, "ready_ns": ready_ns,
         "rc": rc, "plugin": env["NCCL_PROFILER_PLUGIN"], "profiler": profiler,
         "ranks": {str(r): {"rank": r, "pid": p, "gpu": 0} for r, p in pids.items()}, "comms": {},
-        "injections": injections, "steps": len(steps),
+        "injections": injections, "steps": len(steps), "save": save,
         "machine": {"platform": platform.platform(), "nproc": os.cpu_count(),
                     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
     }, indent=1))
