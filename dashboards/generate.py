@@ -114,6 +114,23 @@ def anomaly_annotation(selector: str) -> dict[str, Any]:
     }
 
 
+def checkpoint_annotation(selector: str) -> dict[str, Any]:
+    """Shade the job's checkpoint saves (what begins in one is not raised)."""
+    return {
+        "name": "Checkpoint saves",
+        "datasource": DS,
+        "enable": True,
+        "hide": False,
+        "iconColor": "blue",
+        "expr": f"ncclwatch_job_checkpoint_saving{{{selector}}} > 0",
+        "step": "15s",
+        "titleFormat": "checkpoint save",
+        "textFormat": "{{training_job}}",
+        "tagKeys": "training_job",
+        "useValueForTime": False,
+    }
+
+
 def comm_link(title: str = "Communicator drill-down") -> dict[str, Any]:
     """A table-cell link from an anomaly row to the communicator dashboard."""
     return {
@@ -313,7 +330,7 @@ def job_dashboard() -> dict[str, Any]:
         "Is communication degraded, where, and does it cost the job throughput?",
         panels,
         key_vars(),
-        annotations=[anomaly_annotation(ANOMALY)],
+        annotations=[anomaly_annotation(ANOMALY), checkpoint_annotation(JOB)],
     )
 
 

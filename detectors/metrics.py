@@ -155,6 +155,11 @@ class DetectorMetrics:
             "Longest a rank of the communicator has waited in one operation that has not "
             "completed, seconds (from the plugin's progress records; only while it waits)",
             ("training_job", "comm", "comm_name"), registry=r)
+        self.job_checkpoint_saving = Gauge(
+            "ncclwatch_job_checkpoint_saving",
+            "1 while the job saves a checkpoint (its training log's save lines), else 0: what "
+            "begins then is not raised",
+            ("training_job",), registry=r)
         self.records_total = Counter(
             "ncclwatch_detector_records_total",
             "Records the detector processed, by kind",
@@ -292,6 +297,10 @@ class DetectorMetrics:
     def throughput(self, job: str, tflops: float) -> None:
         self.job_tflops.labels(job).set(tflops * 1e12)
 
+    def job_pause(self, job: str, saving: bool) -> None:
+        """The job began (``saving``) or ended a checkpoint save."""
+        self.job_checkpoint_saving.labels(job).set(1 if saving else 0)
+
     def comm_waiting(self, job: str, waits: dict[str, tuple[str, float]]) -> None:
         """The job's communicators waiting now, ``comm -> (comm_name, seconds)``: each
         series set, those of communicators no longer waiting removed.
@@ -363,7 +372,8 @@ class DetectorMetrics:
     def job_evicted(self, job: str) -> None:
         for metric in (self.busbw_observed, self.busbw_baseline, self.degradation,
                        self.exec_seconds, self.anomaly_active, self.anomalies_total,
-                       self.job_tflops, self.rank_relative, self.comm_waiting_seconds):
+                       self.job_tflops, self.rank_relative, self.comm_waiting_seconds,
+                       self.job_checkpoint_saving):
             metric.remove_by_labels({"training_job": job})
         self._waiting.pop(job, None)
         for lru in (self._key_lru, self._rank_lru):

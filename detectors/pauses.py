@@ -54,10 +54,12 @@ class Pauses:
             del self.spans[:-MAX_SPANS]
             self.open_since = 0
 
-    def stepped(self, ts_ns: int) -> None:
-        """The job logged a step at ``ts_ns``: training again."""
+    def stepped(self, ts_ns: int) -> bool:
+        """The job logged a step at ``ts_ns``: training again (True: that ended a pause)."""
         if self.open_since and ts_ns > self.open_since:
             self.end(ts_ns)
+            return True
+        return False
 
     def excuses(self, since_ns: int, now_ns: int, grace_ns: int) -> bool:
         """Whether trouble that began at ``since_ns`` is a pause's, as of ``now_ns``: it

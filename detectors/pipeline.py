@@ -538,7 +538,8 @@ class Pipeline:
             self.last_end_ns = rec.ts_ns
         if job.silent and rec.ts_ns > job.watermark:
             job.silent = False
-        job.pauses.stepped(rec.ts_ns)
+        if job.pauses.open_since and job.pauses.stepped(rec.ts_ns) and self.observer is not None:
+            self.observer.job_pause(job.job, False)
         tp = job.throughput
         steps = tp.add(rec)
         if steps:
@@ -554,6 +555,8 @@ class Pipeline:
         if rec.ts_ns > self.last_end_ns:
             self.last_end_ns = rec.ts_ns
         job.pauses.see(rec)
+        if self.observer is not None:
+            self.observer.job_pause(job.job, bool(job.pauses.open_since))
 
     # --- telemetry records ----------------------------------------------------------
 

@@ -263,7 +263,7 @@ class SpoolSource:
                     # it) must reach Kafka in time order across the node's processes, or the
                     # detectors hear one process wait long before they hear the others.
                     t = (rec.start_ns + rec.exec_ns if kind == "op"
-                         else rec.ts_ns if kind in ("throughput", "progress") else -1)
+                         else rec.ts_ns if kind in ("throughput", "pause", "progress") else -1)
                     if t > future:
                         rec, t, kind = intake.ahead_of_clock(t, now, raw, src, off), -1, "quarantined"
                     if t > hz:

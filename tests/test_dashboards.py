@@ -268,6 +268,7 @@ SECONDS = 120  # of recording, written at SPEED× real time: a 20 s run
 SPEED = 6.0
 STRAGGLER_S = (25, 45)
 NETWORK_S = (65, 100)
+CHECKPOINT_S = (52, 60)  # a checkpoint save: rank 0 writes, the others wait for it; not a fault
 STALL_S = (112, SECONDS)  # the straggler's process stopped at the end: still waited on as the run ends
 RATE_S = 10  # $__rate_interval: >= 4 scrape intervals of the test Prometheus (1 s)
 DEMO_COMMS = {f"0x00000000000000{c}" for c in ("a0", "a1", "b0", "b1", "c0")}
@@ -342,7 +343,7 @@ def live(services, prometheus_url, kafka_bootstrap, textfile_dir, tmp_path_facto
     t0_ns = (time.time_ns() // 10**9 - SECONDS) * 10**9
     labels = demo.write_demo_spool(
         tmp / "stage", job=job, seconds=SECONDS, t0_ns=t0_ns, straggler_s=STRAGGLER_S, network_s=NETWORK_S,
-        stall_s=STALL_S,
+        stall_s=STALL_S, checkpoint_s=CHECKPOINT_S,
     )
     spool = tmp / "spool"
     spool.mkdir()
@@ -542,3 +543,28 @@ def test_a_stopped_rank_shows_as_its_communicator_waiting_and_is_named(live, pro
         prometheus_url, f'ncclwatch_anomaly_active{{{sel}, anomaly_type="straggler"}} > 0',
         live["start_s"], live["end_s"] + 5, 1)
     assert {s["metric"]["rank"] for s in stalled} == {"1"}
+
+
+@pytest.mark.prometheus
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_checkpoint_save_shows_as_a_save_and_names_nobody(live, prometheus_url):
+    """Rank 0 writes a checkpoint for 8 s while the others wait for it: the wait shows, the
+    save is shaded, and no anomaly of any kind begins in it (the stop at the end, a
+    real one, names rank 1: the test above)."""
+    t0 = live["start_s"]
+    save_from, save_to = (t0 + s / SPEED for s in CHECKPOINT_S)
+    job = f'cluster="{live["cluster"]}"'
+    saving = check.query_range(prometheus_url, f"ncclwatch_job_checkpoint_saving{{{job}}} > 0", t0, live["end_s"], 1)
+    times = [float(t) for series in saving for t, _ in series["values"]]
+    # 8 s of the run are 1.3 s of real time: a sample or two, a scrape late at most
+    assert times and save_from <= max(times) and min(times) <= save_to + 2, (save_from, save_to, times)
+    waits = check.query_range(prometheus_url, f'ncclwatch_comm_waiting_seconds{{{job}, comm="0x00000000000000c0"}}',
+                              save_from, save_to + 2, 1)
+    assert max(float(v) for series in waits for _, v in series["values"]) >= 3.0
+    raised = check.query_range(prometheus_url, f"ncclwatch_anomaly_active{{{job}}} > 0", t0, live["end_s"], 1)
+    began = {s["metric"]["anomaly_type"] + " rank " + s["metric"].get("rank", ""): min(float(t) for t, _ in s["values"])
+             for s in raised}
+    # a stall of the save would be raised 3 s of the run (0.5 s) into it; the network
+    # fault begins 5 s of the run after it
+    assert not {a for a, t in began.items() if save_from <= t <= save_to + 0.5}, (save_from, save_to, began)

@@ -164,3 +164,19 @@ def test_release_of_a_merge_without_pauses_is_unchanged():
     m = RankMerge(hold_s=None)
     m.add("a", step(1.0))
     assert m.release() == [] and [r.step for r in m.flush()] == [1]
+
+
+def test_a_save_is_a_gauge_while_it_lasts_and_shaded_on_the_job_dashboard():
+    from ncclwatch.dashboards import generate
+    from ncclwatch.detectors.metrics import DetectorMetrics
+    from prometheus_client import CollectorRegistry
+
+    p = Pipeline(DetectorConfig())
+    p.observer = m = DetectorMetrics(CollectorRegistry())
+    seen = []
+    for rec in (step(1.0), pause(1.5, "begin"), step(9.0), pause(20.0, "begin"), pause(25.0, "end")):
+        p.process(rec)
+        seen.append(m.registry.get_sample_value("ncclwatch_job_checkpoint_saving", {"training_job": "j"}))
+    assert seen == [None, 1.0, 0.0, 1.0, 0.0]  # a logged step ends a save as its end line does
+    anno = [a["expr"] for a in generate.job_dashboard()["annotations"]["list"] if a.get("expr")]
+    assert any(e.startswith("ncclwatch_job_checkpoint_saving{") and e.endswith("> 0") for e in anno)

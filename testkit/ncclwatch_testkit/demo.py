@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ncclwatch.detectors.labels import Label, LabelSet
 
-from ncclwatch.records import DropRecord, PluginStats, ProgressRecord, ThroughputRecord, to_json
+from ncclwatch.records import DropRecord, PauseRecord, PluginStats, ProgressRecord, ThroughputRecord, to_json
 from ncclwatch.rules import (
     NETWORK_TRANSPORTS,
     bandwidths_gbs,
@@ -103,6 +103,7 @@ def write_demo_spool(
     network_s: tuple[int, int] = (100, 150),
     network_loss: float = 0.35,
     stall_s: tuple[int, int] | None = None,
+    checkpoint_s: tuple[int, int] | None = None,
     seed: int = 7,
 ) -> dict:
     """Write the recording under ``spool/<job>/``; return its labels (docs/scenarios.md format).
@@ -110,6 +111,10 @@ def write_demo_spool(
     ``stall_s``: also stop the straggler's process over ``[start, end)``: nothing
     completes in the job, and the other ranks' plugins write ``progress`` records once a
     second, waiting in the world communicator's collective.
+
+    ``checkpoint_s``: a checkpoint save over ``[start, end)``, as the job's training log
+    says it (``pause`` records): global rank 0 writes it, nothing completes, the others
+    wait for it as for a stop. Not a fault: no label.
     """
     rnd = random.Random(seed)
     t0_ns = t0_ns if t0_ns is not None else (time.time_ns() // 10**9 - seconds) * 10**9
@@ -144,13 +149,16 @@ def write_demo_spool(
     # whatever its size: 10 ms at 4 ops/s keeps the others waiting 4 % of the time (the
     # job's 7 % loss below, spread over its communicators).
     late_ns = int(straggler_late_ms * 1e6)
+    def saving(s: int) -> bool:
+        return checkpoint_s is not None and checkpoint_s[0] <= s < checkpoint_s[1]
+
     def stopped(s: int) -> bool:
-        return stall_s is not None and stall_s[0] <= s < stall_s[1]
+        return stall_s is not None and stall_s[0] <= s < stall_s[1] or saving(s)
 
     for s in range(seconds):
         if stopped(s):
-            _progress_lines(lines, comms, s, stall_s, straggler_rank, job=job, t0_ns=t0_ns,
-                            host_of=host_of, pid_of=pid_of)
+            stop, rank = (checkpoint_s, 0) if saving(s) else (stall_s, straggler_rank)
+            _progress_lines(lines, comms, s, stop, rank, job=job, t0_ns=t0_ns, host_of=host_of, pid_of=pid_of)
             continue
         straggling = straggler_s[0] <= s < straggler_s[1]
         degraded = network_s[0] <= s < network_s[1]
@@ -196,6 +204,10 @@ def write_demo_spool(
         (out / f"{host_of(g)}-GPU-{g}-{pid_of(g)}.000000.jsonl").write_text("\n".join(recs) + "\n")
     tp = []
     for s in range(seconds):
+        if checkpoint_s is not None and s == checkpoint_s[0]:  # as Megatron logs a save
+            tp += [to_json(PauseRecord(job=job, host=HOSTS[0], rank=-1, ts_ns=t0_ns + t_ms * 10**6,
+                                       state=state, reason="checkpoint", step=s))
+                   for t_ms, state in ((checkpoint_s[0] * 1000 + 100, "begin"), (checkpoint_s[1] * 1000, "end"))]
         if stopped(s):
             continue  # no step completes
         speed = 310.0
