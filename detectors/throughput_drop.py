@@ -108,16 +108,17 @@ class ThroughputDrops:
                 tp.fire_ts = max(end, tp.win_start + w)
                 tp.fire_wait_ns = self.cfg.sustain_windows * w
         elif transition == RESOLVE:
+            began = tp.rule.start_ns if tp.rule.start_ns is not None else start
+            ended = tp.rule.end_ns if tp.rule.end_ns is not None else start
             if (job.tp_suppressed and tinc is None and cfg.throughput_hold_windows
                     and tp.stalled >= cfg.sustain_windows and not tp.carried
                     and not self.comm_incident(job)
-                    and not self.book.paused(job, tp.rule.start_ns if tp.rule.start_ns is not None else start)):
+                    and not self.book.paused(job, began, ended)):
                 # The job completed no step for seconds (a rank stopped: every key drops
                 # out with it, which held the drop), no comm anomaly was raised, and it was
                 # over before the hold ran out. The loss still happened: said now, as the
-                # hold would have said it.
-                began = tp.rule.start_ns if tp.rule.start_ns is not None else start
-                ended = tp.rule.end_ns if tp.rule.end_ns is not None else start
+                # hold would have said it. (Not if a checkpoint save it began in explains
+                # it: it ended with the save.)
                 tinc = self._raise(job, began, ended, tp.held, out)
             job.tp_suppressed = False
             tp.pending_fire = None

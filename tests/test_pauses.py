@@ -9,12 +9,18 @@ so a pass cannot come from a stall that raises nothing anyway.
 
 from __future__ import annotations
 
+import json
+import tarfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
 from ncclwatch.detectors.messages import DETECTOR_KINDS, JOB_KINDS, Message, decode_message
 from ncclwatch.detectors.pipeline import Pipeline
 from ncclwatch.ingest.parse import parse_record, to_record
 from ncclwatch.ingest.trainlog import RankLogs, RankMerge
 
-from ncclwatch.config import DetectorConfig, TopicsConfig
+from ncclwatch.config import DetectorConfig, TopicsConfig, load
 from ncclwatch.records import PauseRecord, ThroughputRecord, WindowSummary, parse_line, schema_path, to_json
 from ncclwatch.routing import key_for, topic_for
 
@@ -180,3 +186,68 @@ def test_a_save_is_a_gauge_while_it_lasts_and_shaded_on_the_job_dashboard():
     assert seen == [None, 1.0, 0.0, 1.0, 0.0]  # a logged step ends a save as its end line does
     anno = [a["expr"] for a in generate.job_dashboard()["annotations"]["list"] if a.get("expr")]
     assert any(e.startswith("ncclwatch_job_checkpoint_saving{") and e.endswith("> 0") for e in anno)
+
+
+MEGATRON = Path(__file__).parent / "fixtures" / "gpu_runs" / "2026-11-29-megatron"
+
+
+def _stop_as_a_save(tmp: Path) -> Path:
+    """The recorded 6-s stop of rank 0 in real Megatron-LM (``m1x2-stop-r0-6s-bf``: its peer
+    waits in NCCL, its progress records say so), told as a checkpoint save: rank 0's log
+    given the two lines Megatron core_v0.19 prints around a save (rank 0 logs the begin
+    before it goes quiet and the end after; the device's clock is UTC, as the log's), the
+    labels no fault, the job renamed (``SAVE_JOB``). Packed as a run archive of its own."""
+    run = "m1x2-stop-r0-6s-bf"
+    with tarfile.open(MEGATRON / f"{run}.tar.gz") as tar:
+        tar.extractall(tmp / "src", filter="data")
+    d = tmp / "src" / run
+    labels = json.loads((d / "labels.json").read_text())
+    stop = labels["faults"][0]
+
+    def stamp(ns: int) -> str:
+        return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    with open(d / "trainlogs" / "rank-0.log", "a") as f:
+        f.write(f"[{stamp(stop['start_ns'] - 50_000_000)}] saving checkpoint at iteration      40 to "
+                "/tmp/ck in torch format\n")
+        f.write(f"  [{stamp(stop['end_ns'] + 50_000_000)}] successfully saved checkpoint from iteration      40 "
+                "to /tmp/ck [ t 1/1, gtp_remat 1/1, p 1/1 ]\n")
+    old = labels["job"]
+    for f in (d / "spool").rglob("*.jsonl"):
+        f.write_text(f.read_text().replace(f'"job":"{old}"', f'"job":"{SAVE_JOB}"'))
+    (d / "spool" / old).rename(d / "spool" / SAVE_JOB)
+    (d / "labels.json").write_text(json.dumps({**labels, "job": SAVE_JOB, "scenario": "checkpoint", "faults": []}))
+    name = "m1x2-save-r0-6s"
+    d = d.rename(d.with_name(name))
+    out = tmp / f"{name}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(d, arcname=name)
+    return out
+
+
+SAVE_JOB = "gpu-m1x2-save-r0-6s"
+
+
+def test_megatrons_real_wait_told_as_a_save_raises_nothing_and_as_a_stop_names_the_rank(tmp_path):
+    from gpu_runs_support import eval_gpu_runs
+
+    cfg = load(None, environ={})
+    stop, save = eval_gpu_runs.evaluate([MEGATRON / "m1x2-stop-r0-6s-bf.tar.gz", _stop_as_a_save(tmp_path)], cfg, 5.0)
+    assert (stop["got"], stop["ok"]) == ("straggler rank 0", True), stop
+    assert (save["got"], save["false_alerts"], save["ok"]) == ("-", [], True), save
+
+
+@pytest.mark.kafka
+def test_a_save_in_megatrons_log_reaches_the_worker_through_the_forwarder(kafka_bootstrap, tmp_path):
+    """``ncclwatch forward --training-log`` publishes the save's pause records on the job
+    topic and ``ncclwatch worker`` raises what local mode raises: the stop, and for the
+    same wait told as a save, nothing."""
+    from gpu_runs_support import eval_gpu_runs
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
+
+    runs = [MEGATRON / "m1x2-stop-r0-6s-bf.tar.gz", _stop_as_a_save(tmp_path)]
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path / "w", runs, eval_gpu_runs.sources)
+    worker, local = worker_and_local(got)
+    assert worker == local, (worker, local, got["log"][-3000:])
+    fired = {(e["job"], e["type"], e.get("rank")) for e in got["events"] if e["state"] == "firing"}
+    assert fired == {("gpu-m1x2-stop-r0-6s-bf", "straggler", 0)}, fired  # the stop; the save: nothing
