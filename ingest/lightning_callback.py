@@ -1,4 +1,6 @@
-"""PyTorch Lightning callback: the job's TFLOP/s per GPU to ncclwatch after each step.
+"""PyTorch Lightning callback: the job's TFLOP/s per GPU to ncclwatch after each step,
+and its checkpoint saves (``report_pause``: while rank 0 writes, the others wait for it
+in NCCL, which is not NCCL's trouble; the next step reported ends the pause).
 
 ::
 
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ncclwatch.ingest.tflops import StepReporter, TflopsMeter
-from ncclwatch.ingest.throughput import report_throughput
+from ncclwatch.ingest.throughput import report_pause, report_throughput
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -58,8 +60,8 @@ class NcclwatchCallback(Callback):
     all_ranks
         By default only global rank 0 reports, as the job (``rank=-1``): in synchronous
         training its pace is the job's. With True every rank reports its own.
-    report, clock
-        Where records go and the monotonic clock (tests inject both).
+    report, pause, clock
+        Where step and pause records go and the monotonic clock (tests inject them).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class NcclwatchCallback(Callback):
         every_n_steps: int = 1,
         all_ranks: bool = False,
         report: Callable[..., None] = report_throughput,
+        pause: Callable[..., None] = report_pause,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self._reporter = StepReporter(
@@ -84,6 +87,7 @@ class NcclwatchCallback(Callback):
         self._meter: TflopsMeter | None = None
         self._step = 0
         self._world = 1
+        self._pause = pause
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._meter = self._reporter.start_meter(
@@ -111,3 +115,8 @@ class NcclwatchCallback(Callback):
         self._reporter.step_done(self._meter.finish_step(), step=step,
                                  is_main=trainer.is_global_zero, rank=trainer.global_rank,
                                  world=self._world)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        """Lightning builds the checkpoint to save: the job pauses until its next step."""
+        if trainer.is_global_zero:
+            self._pause("begin", int(trainer.global_step))

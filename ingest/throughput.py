@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ncclwatch.records import ThroughputRecord, to_json
+from ncclwatch.records import PAUSE_REASONS, PAUSE_STATES, PauseRecord, ThroughputRecord, to_json
 from ncclwatch.rules import safe_filename
 
 DEFAULT_SPOOL_DIR = "/tmp/ncclwatch-spool"
@@ -182,10 +182,10 @@ def _fail(err: BaseException) -> None:
     if not _warned:
         _warned = True
         msg = (
-            f"ncclwatch: could not write a throughput record ({err}); "
+            f"ncclwatch: could not write a throughput or pause record ({err}); "
             "further errors are only counted"
         )
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
         log.warning(msg)
 
 
@@ -221,20 +221,46 @@ def report_throughput(
             rank = int(os.environ.get("RANK", "-1"))
         except ValueError:
             rank = -1
-    host = socket.gethostname()
-    record = ThroughputRecord(
+    _append(ThroughputRecord(
         job=job if job is not None else job_id(),
-        host=host,
+        host=socket.gethostname(),
         rank=int(rank),
         ts_ns=time.time_ns(),
         step=int(step),
         tflops_per_gpu=tflops,
         tokens_per_s=tokens,
         source="api",
-    )
+    ), spool_dir)
+
+
+def report_pause(state: str, step: int, *, reason: str = "checkpoint", spool_dir: str | None = None,
+                 job: str | None = None) -> None:
+    """Say that the job stops training on purpose from now on (``state="begin"``: a
+    checkpoint save) or has stopped doing so (``"end"``; the next reported step ends it
+    as well). The detectors do not raise what begins inside one (docs/detectors.md,
+    "Checkpoint saves"). Same spool file, defaults and failure handling as
+    :func:`report_throughput`; call it from the rank that saves, before the save.
+
+    >>> import tempfile, pathlib, json
+    >>> d = tempfile.mkdtemp()
+    >>> report_pause("begin", 40, spool_dir=d, job="j")
+    >>> [json.loads(line)["state"] for f in pathlib.Path(d, "j").iterdir() for line in f.open()]
+    ['begin']
+    """
+    if state not in PAUSE_STATES or reason not in PAUSE_REASONS:
+        raise ValueError(f"state must be one of {PAUSE_STATES} and reason one of {PAUSE_REASONS}, "
+                         f"got {state!r}, {reason!r}")
+    if int(step) != step or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    _append(PauseRecord(job=job if job is not None else job_id(), host=socket.gethostname(), rank=-1,
+                        ts_ns=time.time_ns(), state=state, reason=reason, step=int(step)), spool_dir)
+
+
+def _append(record: ThroughputRecord | PauseRecord, spool_dir: str | None) -> None:
+    """One record onto this process's spool file: one ``write()``; errors counted, not raised."""
     data = (to_json(record) + "\n").encode("utf-8")
     spool = spool_dir or os.environ.get("NCCLWATCH_SPOOL_DIR") or DEFAULT_SPOOL_DIR
-    path = spool_path(spool, record.job, host, os.getpid())
+    path = spool_path(spool, record.job, record.host, os.getpid())
     try:
         fd = _open(path)
         written = os.write(fd, data)

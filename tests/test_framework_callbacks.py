@@ -206,3 +206,22 @@ def test_real_framework_run_emits_throughput_the_detectors_read(frameworks_site,
         pipeline.process(rec)
     got = registry.get_sample_value("ncclwatch_job_flops_per_second_per_gpu", {"training_job": job})
     assert got == pytest.approx(records[-1].tflops_per_gpu * 1e12)
+
+
+def test_lightning_says_a_checkpoint_save_begins_from_rank_0_only():
+    pauses = []
+    cb = NcclwatchCallback(flops_per_batch=1e12, report=Recorder(), pause=lambda *a, **k: pauses.append(a))
+    cb.on_save_checkpoint(lightning_trainer(global_step=40), None, {})
+    cb.on_save_checkpoint(lightning_trainer(global_step=40, is_global_zero=False, global_rank=3), None, {})
+    assert pauses == [("begin", 40)]
+
+
+def test_report_pause_writes_a_pause_record_beside_the_steps(tmp_path):
+    from ncclwatch.ingest.throughput import report_pause, report_throughput
+
+    report_throughput(300.0, 39, rank=-1, spool_dir=str(tmp_path), job="j")
+    report_pause("begin", 39, spool_dir=str(tmp_path), job="j")
+    lines = [parse_line(line) for f in (tmp_path / "j").iterdir() for line in f.read_text().splitlines()]
+    assert [(r.KIND, r.step) for r in lines] == [("throughput", 39), ("pause", 39)]
+    with pytest.raises(ValueError):
+        report_pause("halfway", 39, spool_dir=str(tmp_path), job="j")
