@@ -97,38 +97,34 @@ def key_vars(*, comm_multi: bool = True) -> list[dict[str, Any]]:
     ]
 
 
-def anomaly_annotation(selector: str) -> dict[str, Any]:
-    """Shade the time an anomaly is active (the gauge is 1 while firing)."""
+def annotation(name: str, expr: str, *, color: str, title: str, text: str, tags: str) -> dict[str, Any]:
+    """Shade the time ``expr`` (a gauge that is 1 while something lasts) returns series."""
     return {
-        "name": "Active anomalies",
+        "name": name,
         "datasource": DS,
         "enable": True,
         "hide": False,
-        "iconColor": "red",
-        "expr": f"ncclwatch_anomaly_active{{{selector}}} > 0",
+        "iconColor": color,
+        "expr": expr,
         "step": "15s",
-        "titleFormat": "{{anomaly_type}}",
-        "textFormat": "{{comm}} {{op}} {{size_bucket}} {{transport}} rank {{rank}}",
-        "tagKeys": "anomaly_type,transport",
+        "titleFormat": title,
+        "textFormat": text,
+        "tagKeys": tags,
         "useValueForTime": False,
     }
+
+
+def anomaly_annotation(selector: str) -> dict[str, Any]:
+    """The time an anomaly is active (the gauge is 1 while firing)."""
+    return annotation("Active anomalies", f"ncclwatch_anomaly_active{{{selector}}} > 0", color="red",
+                      title="{{anomaly_type}}", text="{{comm}} {{op}} {{size_bucket}} {{transport}} rank {{rank}}",
+                      tags="anomaly_type,transport")
 
 
 def checkpoint_annotation(selector: str) -> dict[str, Any]:
-    """Shade the job's checkpoint saves (what begins in one is not raised)."""
-    return {
-        "name": "Checkpoint saves",
-        "datasource": DS,
-        "enable": True,
-        "hide": False,
-        "iconColor": "blue",
-        "expr": f"ncclwatch_job_checkpoint_saving{{{selector}}} > 0",
-        "step": "15s",
-        "titleFormat": "checkpoint save",
-        "textFormat": "{{training_job}}",
-        "tagKeys": "training_job",
-        "useValueForTime": False,
-    }
+    """The job's checkpoint saves (what begins in one is not raised)."""
+    return annotation("Checkpoint saves", f"ncclwatch_job_checkpoint_saving{{{selector}}} > 0", color="blue",
+                      title="checkpoint save", text="{{training_job}}", tags="training_job")
 
 
 def comm_link(title: str = "Communicator drill-down") -> dict[str, Any]:
