@@ -17,7 +17,10 @@ False
 >>> p.excuses(50, now_ns=160, grace_ns=10)                   # began before the save
 False
 >>> p.begin(300); p.stepped(340); p.spans                    # a logged step ends one too
+True
 [[100, 200], [300, 340]]
+>>> p.begin(400); p.excuses(400 + MAX_OPEN_NS + 1, now_ns=400 + MAX_OPEN_NS + 2, grace_ns=10)
+False
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from __future__ import annotations
 from typing import Any
 
 MAX_SPANS = 8  # ended pauses kept: trouble older than the last few is raised or gone
+# A save whose end never reaches the detectors (its end line and the job's steps in a log
+# they are not given) must not excuse everything after it: trouble that begins this long
+# into an open pause is raised. Saves of the largest models to slow storage take minutes.
+MAX_OPEN_NS = 30 * 60 * 10**9
 
 
 class Pauses:
@@ -65,7 +72,7 @@ class Pauses:
         """Whether trouble that began at ``since_ns`` is a pause's, as of ``now_ns``: it
         began within a pause (or ``grace_ns`` before one: ranks reach the save at their
         own pace), which goes on or ended less than ``grace_ns`` ago."""
-        if self.open_since and since_ns >= self.open_since - grace_ns:
+        if self.open_since and self.open_since - grace_ns <= since_ns <= self.open_since + MAX_OPEN_NS:
             return True
         return any(start - grace_ns <= since_ns <= end and now_ns < end + grace_ns
                    for start, end in self.spans)
