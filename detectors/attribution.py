@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ncclwatch.records import UNKNOWN_GPU  # in windows of forwarders before 2026-11-27
-from ncclwatch.rules import NETWORK_TRANSPORTS, bandwidth_bound
+from ncclwatch.rules import NETWORK_TRANSPORTS, bandwidth_bound, size_bucket_bytes
 
 
 class KeyView(Protocol):
@@ -121,7 +121,7 @@ def attribute(
                 nv_degraded.append(k)
             else:
                 nv_holding += 1
-        elif k.transport in NETWORK_TRANSPORTS and (bad or measures_link(k, key.baseline)):
+        elif k.transport in NETWORK_TRANSPORTS and (bad or measures_link(k, key.baseline, key.size_bucket)):
             # a key holding that does not move bytes at the link's pace (a few bytes'
             # all-reduce, a broadcast's root) says nothing of the path
             net_total += 1
@@ -151,18 +151,30 @@ def attribute(
 LINK_PACE_RATIO = 8.0
 
 
-def measures_link(k: KeyView, ref_baseline: float | None) -> bool:
+# A holding network key whose messages are this many times smaller than the degraded
+# key's may pass in bursts that a shaped or queued link lets through at full speed (a
+# token bucket refilled between a pipeline's 8-MiB activations, where a 125-MiB gradient
+# all-reduce runs at the shaped rate): it says nothing of the link's sustained bandwidth.
+LINK_BURST_RATIO = 4
+
+
+def measures_link(k: KeyView, ref_baseline: float | None, ref_bucket: str | None = None) -> bool:
     """Whether network key ``k`` holding says the link kept its bandwidth, next to a
-    degraded key whose baseline is ``ref_baseline``: it moves bytes
-    (``rules.bandwidth_bound``) at about the link's pace.
+    degraded key whose baseline is ``ref_baseline`` and size bucket ``ref_bucket``: it
+    moves bytes (``rules.bandwidth_bound``) at about the link's pace, in messages not far
+    smaller than the degraded key's.
 
     >>> from types import SimpleNamespace as K
     >>> measures_link(K(size_bucket="8MiB", baseline=2.1), 2.0), measures_link(K(size_bucket="8B", baseline=0.0), 2.0)
     (True, False)
     >>> measures_link(K(size_bucket="4MiB", baseline=44.0), 2.0)   # a Broadcast's root
     False
+    >>> measures_link(K(size_bucket="8MiB", baseline=2.5), 1.9, "64MiB")   # bursts through a shaper
+    False
     """
     if not bandwidth_bound(k.size_bucket):
+        return False
+    if ref_bucket is not None and size_bucket_bytes(k.size_bucket) * LINK_BURST_RATIO < size_bucket_bytes(ref_bucket):
         return False
     return ref_baseline is None or k.baseline is None or k.baseline <= LINK_PACE_RATIO * ref_baseline
 

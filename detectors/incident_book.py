@@ -14,7 +14,7 @@ from typing import Any
 
 from ncclwatch.config import DetectorConfig
 from ncclwatch.records import AnomalyEvent
-from ncclwatch.rules import NETWORK_TRANSPORTS
+from ncclwatch.rules import NETWORK_TRANSPORTS, size_bucket_bytes
 
 from .attribution import Verdict, degraded_now, measures_link
 from .causes import LINK_TYPES, echoed_links, hosts_of, link_trouble, name_late_process, slow_gpu_echo, slowed_alike
@@ -247,6 +247,9 @@ class IncidentBook:
         nv_bad = nv_ok = net_bad = net_ok = 0
         # the pace of the link the incident's keys cross: what a holding key is held to
         ref = max((k.baseline for k in job.keys.values() if k.incident == inc.id and k.baseline), default=None)
+        # ... and the size of its messages (the largest of its keys')
+        bucket = max((k.size_bucket for k in job.keys.values() if k.incident == inc.id),
+                     key=size_bucket_bytes, default=None)
         for k in job.keys.values():
             if not k.warm or now - k.last_end_ns > recent:
                 continue
@@ -261,7 +264,7 @@ class IncidentBook:
                 nv_ok += not bad
             elif k.transport in NETWORK_TRANSPORTS:
                 net_bad += bad
-                net_ok += not bad and measures_link(k, ref)
+                net_ok += not bad and measures_link(k, ref, bucket)
         return nv_bad, nv_ok, net_bad, net_ok
 
     def _retype(self, job: JobState, inc: Incident, want: str) -> bool:

@@ -182,6 +182,7 @@ RECORDED_SETS = (  # (directory under tests/fixtures/gpu_runs, machine and layou
     ("2026-11-28-x4", "4×H200: two or four pretend nodes, or one NVLink node of four"),
     ("2026-11-29-x1", "1×H200: two or four pretend nodes sharing it, steps synchronised in NCCL"),
     ("2026-11-29-megatron", "1×H200: Megatron-LM core_v0.19 itself, two pretend nodes sharing it"),
+    ("2026-12-07-megatron", "1×H100: Megatron-LM core_v0.19, checkpoint saves and a pipeline-parallel job"),
 )
 
 
@@ -659,6 +660,34 @@ its key ~8 %, under the detector's threshold: the job's own drop).
 """
 
 
+def gpu_runs_2026_12_07_megatron_section() -> str:
+    """Megatron-LM's checkpoint saves and a pipeline-parallel throttle, 2026-12-07."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_gpu_runs
+
+    rows = judged("2026-12-07-megatron")
+    split = json.loads((GPU_RUNS / "2026-12-07-megatron" / "split.json").read_text())
+    out = ["## Recorded GPU runs of 2026-12-07: Megatron-LM's checkpoint saves\n", GPU_RUNS_12_07_MEGATRON]
+    for title, part in (("Checkpoint saves, held out for pause records, judged once", "heldout"),
+                        ("A pipeline-parallel throttle: it shaped `LINK_BURST_RATIO`", "tune")):
+        out += [f"### {title}\n", eval_gpu_runs.markdown([rows[n] for n in sorted(split[part])]), ""]
+    return "\n".join(out)
+
+
+GPU_RUNS_12_07_MEGATRON = """4 real runs of Megatron-LM core_v0.19.0 (the GPT of 2026-11-29, two pretend nodes on one
+H100; `tests/fixtures/gpu_runs/2026-12-07-megatron`, README there). Three save
+checkpoints (a legacy-format save whose write is 8 s slower, rank 1 waiting 10.1 s in its
+barrier; a `torch_dist` save of 14.6 s in which no operation completes; the first through
+NCCL Inspector): recorded after Megatron's save lines became `pause` records, judged once:
+**3 of 3** quiet; the same logs without the save lines raise a `straggler` and a
+`telemetry_loss` (1 of 3). A pipeline-parallel job (8-MiB activation `Send`/`Recv`, a
+125-MiB embedding-gradient AllReduce) throttled to 16 Gbit/s: first judged
+`collective_degraded` (the activations passed the shaper in bursts and held); since
+holding keys of messages more than `LINK_BURST_RATIO` (4) times smaller than the degraded
+key's do not count against the path, `network_path` 3.9 s in; no earlier run changed.
+"""
+
+
 GPU_RUNS_11_29_X1 = """50 real runs on one H200 in nine batches; the first five
 (`tests/fixtures/gpu_runs/2026-11-29-x1`, README there; plan
 `bench/scenarios/plans/2026-11-29-av.json`): two pretend nodes sharing the GPU
@@ -966,6 +995,7 @@ def render(work: Path) -> str:
         gpu_runs_2026_11_28_x4_section(),
         gpu_runs_2026_11_29_x1_section(),
         gpu_runs_2026_11_29_megatron_section(),
+        gpu_runs_2026_12_07_megatron_section(),
         RULES,
     ])
 
