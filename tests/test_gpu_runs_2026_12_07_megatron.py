@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tarfile
 
+import pytest
 from gpu_runs_support import eval_gpu_runs, recorded_set
 
 from ncclwatch.config import load
@@ -51,3 +52,19 @@ def test_the_saves_are_in_the_logs():
     with tarfile.open(FIXTURES / "m1x2-ckpt-dist-bj.tar.gz") as tar:
         log = tar.extractfile("m1x2-ckpt-dist-bj/trainlogs/rank-0.log").read().decode()  # type: ignore[union-attr]
     assert log.count("saving checkpoint at iteration") == 2 and log.count("successfully saved checkpoint") == 2
+
+
+@pytest.mark.kafka
+def test_the_cluster_path_raises_what_local_mode_does(kafka_bootstrap, tmp_path):
+    """``ncclwatch forward --once`` with each run's spool and Megatron's logs (the saves'
+    pause records on the job topic) and one ``ncclwatch worker``: event for event what
+    local mode raises: the pipeline throttle's path, and for the saves nothing."""
+    from ncclwatch_testkit.drivers import recorded_runs_through_worker, worker_and_local
+
+    names = ["m1x2-ckpt-slow-8s-bj", "m1x2-ckpt-dist-bj", "m1x2-pp2-tc-16g-bk"]
+    got = recorded_runs_through_worker(kafka_bootstrap, tmp_path, [FIXTURES / f"{n}.tar.gz" for n in names],
+                                       eval_gpu_runs.sources)
+    worker, local = worker_and_local(got)
+    assert worker == local, (worker, local, got["log"][-3000:])
+    fired = {(e["job"], e["type"]) for e in got["events"] if e["state"] == "firing"}
+    assert fired == {("gpu-m1x2-pp2-tc-16g-bk", "network_path")}, fired
