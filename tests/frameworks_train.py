@@ -14,7 +14,7 @@ import sys
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 6
 
 
-def lightning_run() -> None:
+def lightning_run(out_dir: str) -> None:
     import lightning as L
     import torch
     from ncclwatch.ingest.lightning_callback import NcclwatchCallback
@@ -41,6 +41,7 @@ def lightning_run() -> None:
         enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(TinyLM(), loader)
+    trainer.save_checkpoint(f"{out_dir}/last.ckpt")  # the callback says the save begins
 
 
 def hf_run(out_dir: str) -> None:
@@ -70,6 +71,6 @@ if __name__ == "__main__":
 
     torch.manual_seed(0)
     if sys.argv[1] == "lightning":
-        lightning_run()
+        lightning_run(sys.argv[2])
     else:
         hf_run(sys.argv[2])
