@@ -166,15 +166,19 @@ def test_latency_bound_keys_holding_do_not_keep_the_one_big_network_key_from_the
     """Megatron-LM's data-parallel job on two nodes (recorded 2026-11-29): one gradient
     all-reduce of 512 MiB beside all-reduces of a few bytes (the loss, the grad norm). A
     throttled link slows the one and cannot slow the others; they hold, but say nothing
-    of the path's bandwidth. A second key that moves bytes and holds still does."""
+    of the path's bandwidth. A second key that moves bytes in messages of about the same
+    size and holds still does; one of messages far smaller (which a shaped link lets
+    through in bursts, ``LINK_BURST_RATIO``) does not."""
     def job(t, big_bw, small_bucket="8B"):
         out = [win(t, r, big_bw, bucket="512MiB") for r in (0, 1)]
         return out + [win(t, r, 0.001, comm=NET2, bucket=small_bucket, exec_ns=40_000) for r in (0, 1)]
 
     events = feed(Pipeline(CFG), range(40), lambda t: job(t, 28.0 if t >= 20 else 40.0))
     assert [(e.type, e.attribution) for e in events] == [("network_path", "network")]
-    events = feed(Pipeline(CFG), range(40), lambda t: job(t, 28.0 if t >= 20 else 40.0, "4MiB"))
+    events = feed(Pipeline(CFG), range(40), lambda t: job(t, 28.0 if t >= 20 else 40.0, "128MiB"))
     assert [(e.type, e.attribution) for e in events] == [("collective_degraded", "unknown")]
+    events = feed(Pipeline(CFG), range(40), lambda t: job(t, 28.0 if t >= 20 else 40.0, "4MiB"))
+    assert [(e.type, e.attribution) for e in events] == [("network_path", "network")]
 
 
 def test_the_rank_with_the_shortest_exec_is_the_straggler():
