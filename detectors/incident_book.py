@@ -106,6 +106,10 @@ class IncidentBook:
         cfg = self.cfg
         if self.paused(job, inc.start_ns):
             return  # a rank writing a checkpoint, the others waiting for it
+        if (job.pauses.began_in(inc.start_ns, self.early_span_ns(job)) is not None
+                and not any(job.keys[gk].last_effect >= cfg.recover_threshold
+                            for gk in inc.members if gk in job.keys)):
+            return  # begun in a save and over with it: its keys recover quietly
         loss = self.job_loss(job, inc)
         measured = loss is not None
         if loss is not None:

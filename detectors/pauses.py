@@ -72,10 +72,15 @@ class Pauses:
         """Whether trouble that began at ``since_ns`` is a pause's, as of ``now_ns``: it
         began within a pause (or ``grace_ns`` before one: ranks reach the save at their
         own pace), which goes on or ended less than ``grace_ns`` ago."""
+        end = self.began_in(since_ns, grace_ns)
+        return end is not None and now_ns < end + grace_ns
+
+    def began_in(self, since_ns: int, grace_ns: int) -> float | None:
+        """The end of the pause trouble that began at ``since_ns`` began in (``inf``: the
+        one going on), None if none."""
         if self.open_since and self.open_since - grace_ns <= since_ns <= self.open_since + MAX_OPEN_NS:
-            return True
-        return any(start - grace_ns <= since_ns <= end and now_ns < end + grace_ns
-                   for start, end in self.spans)
+            return float("inf")
+        return next((end for start, end in reversed(self.spans) if start - grace_ns <= since_ns <= end), None)
 
     def to_state(self) -> dict[str, Any]:
         return {"open_since": self.open_since, "spans": [list(s) for s in self.spans]}

@@ -28,12 +28,12 @@ S = 10**9
 COMM = "0x" + "0" * 15 + "1"
 
 
-def window(t: int, rank: int) -> WindowSummary:
+def window(t: int, rank: int, busbw: float = 40.0) -> WindowSummary:
     return WindowSummary(
         job="j", host=f"h{rank}", comm=COMM, comm_name="dp", op="AllReduce", size_bucket="64MiB",
         transport="net", rank=rank, nranks=2, start_ns=t * S, end_ns=(t + 1) * S, count=10,
-        bytes=10 << 26, exec_ns_min=1, exec_ns_p50=int(67e6 / 40.0), exec_ns_p95=1, exec_ns_max=1,
-        busbw_gbs_p50=40.0, first_seq=10 * t, last_seq=10 * t + 9, pid=100 + rank)
+        bytes=10 << 26, exec_ns_min=1, exec_ns_p50=int(67e6 / busbw), exec_ns_p95=1, exec_ns_max=1,
+        busbw_gbs_p50=busbw, first_seq=10 * t, last_seq=10 * t + 9, pid=100 + rank)
 
 
 def step(t: float, tflops: float = 300.0) -> ThroughputRecord:
@@ -87,9 +87,35 @@ def test_a_checkpoint_save_raises_nothing_where_the_same_wait_is_a_stall():
     assert saving_job(pauses={40.1: "begin", 50.0: "end"}) == []
 
 
-def test_a_save_whose_end_line_is_missing_still_ends_at_the_next_step():
-    # Megatron's next iteration line ends it: nothing raised
+def test_a_save_whose_end_line_is_missing_raises_nothing_either():
+    # (that the next logged step ends it: the asynchronous-save test below)
     assert saving_job(pauses={40.1: "begin"}) == []
+
+
+def test_a_key_slowed_in_a_save_is_held_and_raised_once_it_outlasts_it():
+    """The keys' own incidents (``IncidentBook.confirm``): a link 40 % slower from 40 s
+    is the path; begun inside a save that ends at 45 s, it is raised only past the save's
+    early span, dated from 40 s; over by the save's end, never."""
+    def run(pauses: dict[float, str], slow_until: int) -> list:
+        p = Pipeline(DetectorConfig())
+        out = []
+        for t in range(70):
+            for at, state in pauses.items():
+                if t - 1 < at <= t:
+                    out += p.process(pause(at, state))
+            slow = 40 <= t < slow_until
+            bw = 24.0 if slow else 40.0  # ... which costs the job 20 %
+            out += p.process(window(t, 0, bw)) + p.process(window(t, 1, bw))
+            if not (pauses and 40 <= t < 45):  # no step completes while the job saves
+                out += p.process(step(t + 1.0, 240.0 if slow else 300.0))
+        return [(e.type, e.start_ns // S, e.detected_ns // S) for e in out if e.state == "firing"]
+
+    alone = run({}, 60)
+    assert [(t, s) for t, s, _ in alone] == [("network_path", 40)], alone
+    outlasting = run({39.9: "begin", 45.0: "end"}, 60)
+    assert [(t, s) for t, s, _ in outlasting] == [("network_path", 40)] and outlasting[0][2] >= 48, outlasting
+    assert alone[0][2] < outlasting[0][2]
+    assert run({39.9: "begin", 45.0: "end"}, 45) == []
 
 
 def test_a_wait_that_outlasts_the_save_is_raised_from_where_it_began():
